@@ -1,0 +1,302 @@
+package atomic
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/sqlident"
+	"github.com/contend/contend/internal/token"
+)
+
+// DB is what a [Claimer] needs of a database handle: [*sql.DB] and sqlx's DB
+// satisfy it. The claimer prepares its statements on it once, at construction.
+type DB interface {
+	contend.DBTX
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+// ClaimConfig names the table and columns a [Claimer] works on. Names are
+// validated and quoted at construction; keys and tokens are only ever bind
+// parameters.
+type ClaimConfig struct {
+	// Table holds one row per key; rows must exist before they are claimed.
+	// It may be schema-qualified ("app.bots"). Required.
+	Table string
+	// KeyColumn identifies the row. Default: "id".
+	KeyColumn string
+	// OwnerColumn is a nullable text column: NULL when free, the holder's
+	// token when claimed. Default: "owner".
+	OwnerColumn string
+	// LeaseColumn, when set, is a nullable timestamptz column holding the
+	// claim's deadline. A claim whose deadline has passed can be taken over,
+	// so a claim whose release was lost (a crash, a network failure) frees
+	// itself. Default: "" (claims hold until released).
+	LeaseColumn string
+	// Lease is how long a claim holds when LeaseColumn is set; [Claimer.Do]
+	// extends it every Lease/3 while fn runs. The deadline is computed by the
+	// database's clock, so instances' clocks need not agree. Default: 30s.
+	Lease time.Duration
+}
+
+// DefaultLease is the default of [ClaimConfig.Lease].
+const DefaultLease = 30 * time.Second
+
+// releaseTimeout bounds the release that Do makes after fn, which must happen
+// even when the caller's ctx has already ended.
+const releaseTimeout = 5 * time.Second
+
+// A Claimer claims keys by filling an owner column where it is empty: one
+// conditional UPDATE, so of any number of concurrent claims on a key, in any
+// number of processes, exactly one succeeds, and no lock is held anywhere while
+// the winner works. Release empties the column only while it still holds the
+// releaser's token, so a late release never clears a newer claim.
+//
+// A claim lasts until released or, with a lease column, until its lease
+// passes. Without a lease a crashed holder's claim stays until cleared by
+// hand; with one, another caller can take it over once the lease passes, and
+// the old holder's release then reports false.
+//
+// As a [contend.Guard], Do claims, runs fn, and releases, also when fn fails
+// or panics. It fails fast: a held key gives [contend.ErrConflict] at once,
+// never a wait. fn runs at most once per call and never in a transaction of
+// the claimer's ([contend.Querier] gives fn the db it passes).
+//
+// A Claimer is safe for simultaneous use by multiple goroutines. Close
+// releases its prepared statements; it never closes the db it was given.
+type Claimer struct {
+	lease time.Duration // 0 without a lease column
+
+	claim   *sql.Stmt // $1 key, $2 token [, $3 lease µs]
+	release *sql.Stmt // $1 key, $2 token
+	extend  *sql.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
+	exists  *sql.Stmt // $1 key
+}
+
+var _ contend.Guard = (*Claimer)(nil)
+
+// NewClaimer validates cfg and prepares the claimer's statements on db. It
+// fails when a name is not a plain identifier or when the statements do not
+// prepare (no such table or column).
+func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
+	if db == nil {
+		return nil, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
+	}
+	if cfg.KeyColumn == "" {
+		cfg.KeyColumn = "id"
+	}
+	if cfg.OwnerColumn == "" {
+		cfg.OwnerColumn = "owner"
+	}
+	if cfg.Lease < 0 {
+		return nil, fmt.Errorf("atomic: lease %v is negative: %w", cfg.Lease, contend.ErrInvalid)
+	}
+	if cfg.Lease == 0 {
+		cfg.Lease = DefaultLease
+	}
+	table, err := sqlident.Quote("atomic: table", cfg.Table)
+	if err != nil {
+		return nil, err
+	}
+	key, err := sqlident.Quote("atomic: key column", cfg.KeyColumn)
+	if err != nil {
+		return nil, err
+	}
+	owner, err := sqlident.Quote("atomic: owner column", cfg.OwnerColumn)
+	if err != nil {
+		return nil, err
+	}
+
+	// Plain UPDATEs under READ COMMITTED are enough: of two concurrent claims,
+	// the second waits for the first's row lock and then re-checks its WHERE
+	// against the committed row, where the owner is no longer NULL.
+	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s IS NULL`, table, owner, key, owner)
+	releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)
+	var extendSQL string
+	c := &Claimer{}
+	if cfg.LeaseColumn != "" {
+		lease, err := sqlident.Quote("atomic: lease column", cfg.LeaseColumn)
+		if err != nil {
+			return nil, err
+		}
+		c.lease = cfg.Lease
+		deadline := `now() + $3::bigint * interval '1 microsecond'`
+		claimSQL = fmt.Sprintf(`UPDATE %s SET %s = $2, %s = %s WHERE %s = $1 AND (%s IS NULL OR %s < now())`,
+			table, owner, lease, deadline, key, owner, lease)
+		releaseSQL = fmt.Sprintf(`UPDATE %s SET %s = NULL, %s = NULL WHERE %s = $1 AND %s = $2`,
+			table, owner, lease, key, owner)
+		// An expired claim is not extended even if nobody took it yet: its
+		// holder was told it was lost (or will be), so reviving it would let
+		// two parties believe they hold the key.
+		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= now()`,
+			table, lease, deadline, key, owner, lease)
+	}
+	existsSQL := fmt.Sprintf(`SELECT 1 FROM %s WHERE %s = $1`, table, key)
+
+	for _, p := range []struct {
+		dst   **sql.Stmt
+		query string
+	}{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}, {&c.exists, existsSQL}} {
+		if p.query == "" {
+			continue
+		}
+		if *p.dst, err = db.PrepareContext(ctx, p.query); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("atomic: prepare claimer on %s: %w", cfg.Table, err)
+		}
+	}
+	return c, nil
+}
+
+// Close releases the prepared statements. The Claimer must not be used after.
+func (c *Claimer) Close() error {
+	var errs []error
+	for _, s := range []*sql.Stmt{c.claim, c.release, c.extend, c.exists} {
+		if s != nil {
+			errs = append(errs, s.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Claim claims key with a fresh random token and returns the token, which the
+// holder passes to [Claimer.Release] and may hand to whatever it starts (the
+// token is known before the work begins, so the work can carry it). It returns
+// an error matching [contend.ErrConflict] when key is already claimed and
+// [contend.ErrNotFound] when key has no row.
+func (c *Claimer) Claim(ctx context.Context, key string) (token string, err error) {
+	t := newToken()
+	if err := c.ClaimAs(ctx, key, t); err != nil {
+		return "", err
+	}
+	return t, nil
+}
+
+var newToken = token.New
+
+// ClaimAs is [Claimer.Claim] with a token of the caller's, such as the id of
+// the engine it is about to start. Tokens must be unique per claim: a release
+// with a token compares only the token.
+func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
+	if err := checkKey("claim", key); err != nil {
+		return err
+	}
+	if token == "" {
+		return fmt.Errorf("atomic: claim %q: empty token: %w", key, contend.ErrInvalid)
+	}
+	args := []any{key, token}
+	if c.lease > 0 {
+		args = append(args, c.lease.Microseconds())
+	}
+	applied, err := stmtApplied(ctx, c.claim, args...)
+	if err != nil {
+		return fmt.Errorf("atomic: claim %q: %w", key, err)
+	}
+	if applied {
+		return nil
+	}
+	// Zero rows: either someone holds the key or there is no row at all. Only
+	// a failed claim pays this second round trip.
+	var one int
+	switch err := c.exists.QueryRowContext(ctx, key).Scan(&one); {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("atomic: claim %q: %w", key, err)
+	}
+	return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrConflict)
+}
+
+// Release clears key's claim if, and only if, it is still held with token. It
+// reports whether it cleared it: false means the claim had already been
+// released, or had expired and been taken over, and the newer claim stays.
+func (c *Claimer) Release(ctx context.Context, key, token string) (released bool, err error) {
+	if err := checkKey("release", key); err != nil {
+		return false, err
+	}
+	released, err = stmtApplied(ctx, c.release, key, token)
+	if err != nil {
+		return false, fmt.Errorf("atomic: release %q: %w", key, err)
+	}
+	return released, nil
+}
+
+// Extend pushes the lease of key's claim to Lease from now, if it is still
+// held with token and has not expired. It reports whether it did; a claimer
+// without a lease column reports an error matching [contend.ErrInvalid].
+func (c *Claimer) Extend(ctx context.Context, key, token string) (extended bool, err error) {
+	if err := checkKey("extend", key); err != nil {
+		return false, err
+	}
+	if c.extend == nil {
+		return false, fmt.Errorf("atomic: extend %q: claimer has no lease column: %w", key, contend.ErrInvalid)
+	}
+	extended, err = stmtApplied(ctx, c.extend, key, token, c.lease.Microseconds())
+	if err != nil {
+		return false, fmt.Errorf("atomic: extend %q: %w", key, err)
+	}
+	return extended, nil
+}
+
+// Do claims key, runs fn, and releases the claim, also when fn returns an error
+// or panics (the panic is re-raised after the release). It returns fn's error,
+// or an error matching [contend.ErrConflict] without running fn when key is
+// held. With a lease column the lease is extended while fn runs; if it is lost
+// (taken over after an extension failed, or cleared by hand), fn's ctx is
+// cancelled with cause [contend.ErrLockLost] and Do's error matches it too.
+func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
+	tok := newToken()
+	began := time.Now()
+	if err := c.ClaimAs(ctx, key, tok); err != nil {
+		return err
+	}
+	runCtx := ctx
+	var hold *keepalive.Hold
+	if c.lease > 0 {
+		hold = keepalive.Start(ctx, began, c.lease, func(ctx context.Context) (bool, error) {
+			return c.Extend(ctx, key, tok)
+		})
+		runCtx = hold.Context()
+	}
+	defer func() {
+		var lost error
+		if hold != nil {
+			lost = hold.Stop()
+		}
+		// The caller may have given up (that may be why fn returned), but the
+		// claim must still be released, or the key stays blocked.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		released, rerr := c.Release(rctx, key, tok)
+		switch {
+		case rerr != nil:
+			err = errors.Join(err, rerr)
+		case !released && lost == nil:
+			lost = fmt.Errorf("atomic: claim %q was gone when fn returned: %w", key, contend.ErrLockLost)
+		}
+		if lost != nil {
+			err = errors.Join(lost, err)
+		}
+	}()
+	return fn(runCtx)
+}
+
+func checkKey(op, key string) error {
+	if key == "" {
+		return fmt.Errorf("atomic: %s: empty key: %w", op, contend.ErrInvalid)
+	}
+	return nil
+}
+
+func stmtApplied(ctx context.Context, stmt *sql.Stmt, args ...any) (bool, error) {
+	res, err := stmt.ExecContext(ctx, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}

@@ -1,0 +1,29 @@
+// Package atomic makes "read, check, write" on one row a single conditional
+// statement, so the database decides the race and no lock is ever taken.
+//
+// Three servers each see "1 left in stock" and each sell it: the read and the
+// write are two steps, and the others' writes land between them. Put the check
+// into the write instead,
+//
+//	UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1
+//
+// and the row's own write lock orders the statements: each one re-checks the
+// condition against the row as the previous one left it, so the stock never
+// goes negative, whatever the number of servers. The affected-row count says
+// who won. [Update] runs such a statement and reports whether it applied.
+//
+// The same trick claims work: "fill the owner column where it is empty" lets
+// exactly one of any number of concurrent "start" requests through. A
+// [Claimer] does that with an owner token made before the claim, and releases
+// only with that token, so a late release never clears a newer claim. It is a
+// [contend.Guard].
+//
+// Limits: the rule must fit in one row (or one statement). A decision that
+// reads several rows or tables needs a transaction (package pessimistic or
+// optimistic); work outside the database needs a lease (package distlock). A
+// claim, unlike a lock, is not undone by time: if its release is lost, it stays
+// until a lease column lets it expire (see [ClaimConfig.LeaseColumn]).
+//
+// Statements use PostgreSQL's $n placeholders and work with both lib/pq and
+// pgx's stdlib driver.
+package atomic

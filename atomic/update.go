@@ -1,0 +1,63 @@
+package atomic
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/contend/contend"
+)
+
+// Update runs one conditional statement and reports whether it applied: whether
+// it affected exactly one row. The condition belongs in the statement itself,
+// so that the check and the write are one atomic step on the server:
+//
+//	applied, err := atomic.Update(ctx, db,
+//		`UPDATE products SET stock = stock - $2 WHERE id = $1 AND stock >= $2`, id, n)
+//
+// applied == false with a nil error is the lost race ("sold out", "already
+// running"), not a failure. db is anything with ExecContext: a pool or a
+// transaction, of database/sql or sqlx.
+func Update(ctx context.Context, db contend.DBTX, query string, args ...any) (applied bool, err error) {
+	return UpdateN(ctx, db, 1, query, args...)
+}
+
+// UpdateN is [Update] for a statement that must affect exactly n rows, such as
+// "reserve these n seats". When it affects another number of rows it has still
+// run: call it inside a transaction and roll back when applied is false.
+func UpdateN(ctx context.Context, db contend.DBTX, n int64, query string, args ...any) (applied bool, err error) {
+	if db == nil {
+		return false, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
+	}
+	res, err := db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	got, err := res.RowsAffected()
+	if err != nil {
+		return false, err
+	}
+	return got == n, nil
+}
+
+// UpdateReturning runs one conditional statement with a RETURNING clause and
+// scans the affected row's returned columns into dest. It reports applied ==
+// false, and leaves dest untouched, when no row was affected:
+//
+//	var left int
+//	applied, err := atomic.UpdateReturning(ctx, db, []any{&left},
+//		`UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock > 0 RETURNING stock`, id)
+//
+// The statement must affect at most one row; with more, the first returned row
+// is scanned and the others are discarded.
+func UpdateReturning(ctx context.Context, db contend.DBTX, dest []any, query string, args ...any) (applied bool, err error) {
+	if db == nil {
+		return false, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
+	}
+	err = db.QueryRowContext(ctx, query, args...).Scan(dest...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}

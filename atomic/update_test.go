@@ -1,0 +1,173 @@
+package atomic_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/atomic"
+	"github.com/contend/contend/internal/harness"
+	"github.com/contend/contend/internal/testserver"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+const decrement = `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`
+
+func products(t testing.TB, db *sqlx.DB, stock int, ids ...string) {
+	t.Helper()
+	_, err := db.Exec(`CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL)`)
+	require.NoError(t, err)
+	for _, id := range ids {
+		_, err := db.Exec(`INSERT INTO products (id, stock) VALUES ($1, $2)`, id, stock)
+		require.NoError(t, err)
+	}
+}
+
+func stockOf(t testing.TB, db *sqlx.DB, id string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT stock FROM products WHERE id = $1`, id))
+	return n
+}
+
+func TestUpdate(t *testing.T) {
+	for _, driver := range testserver.Drivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db := testserver.DB(t, driver)
+			products(t, db, 1, "p")
+			ctx := t.Context()
+
+			applied, err := atomic.Update(ctx, db, decrement, "p")
+			require.NoError(t, err)
+			require.True(t, applied)
+			applied, err = atomic.Update(ctx, db, decrement, "p")
+			require.NoError(t, err)
+			require.False(t, applied, "sold out is a lost race, not an error")
+			require.Equal(t, 0, stockOf(t, db, "p"))
+
+			_, err = atomic.Update(ctx, db, `UPDATE nosuchtable SET x = 1`)
+			require.Error(t, err, "backend errors are returned, not taken for a lost race")
+		})
+	}
+}
+
+// Update takes any of database/sql's and sqlx's pools and transactions.
+func TestUpdateAcceptsPoolsAndTransactions(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "postgres")
+	products(t, db, 10, "p")
+	ctx := t.Context()
+
+	sqlTx, err := db.DB.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	sqlxTx, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	for name, q := range map[string]contend.DBTX{"*sql.DB": db.DB, "*sqlx.DB": db} {
+		applied, err := atomic.Update(ctx, q, decrement, "p")
+		require.NoError(t, err, name)
+		require.True(t, applied, name)
+	}
+	// The two transactions would wait on each other's row lock; run them in
+	// turn.
+	applied, err := atomic.Update(ctx, sqlTx, decrement, "p")
+	require.NoError(t, err)
+	require.True(t, applied)
+	require.NoError(t, sqlTx.Rollback())
+	applied, err = atomic.Update(ctx, sqlxTx, decrement, "p")
+	require.NoError(t, err)
+	require.True(t, applied)
+	require.NoError(t, sqlxTx.Commit())
+	require.Equal(t, 7, stockOf(t, db, "p"))
+}
+
+func TestUpdateN(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	products(t, db, 1, "a", "b", "c")
+	ctx := t.Context()
+	tx, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	applied, err := atomic.UpdateN(ctx, tx, 2, `UPDATE products SET stock = stock - 1 WHERE id = ANY($1) AND stock >= 1`, []string{"a", "b"})
+	require.NoError(t, err)
+	require.True(t, applied)
+	applied, err = atomic.UpdateN(ctx, tx, 2, `UPDATE products SET stock = stock - 1 WHERE id = ANY($1) AND stock >= 1`, []string{"b", "c"})
+	require.NoError(t, err)
+	require.False(t, applied, "only c had stock left")
+	require.NoError(t, tx.Rollback())
+}
+
+func TestUpdateReturning(t *testing.T) {
+	for _, driver := range testserver.Drivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db := testserver.DB(t, driver)
+			products(t, db, 2, "p")
+			ctx := t.Context()
+			q := decrement + ` RETURNING stock`
+			left := -1
+			applied, err := atomic.UpdateReturning(ctx, db, []any{&left}, q, "p")
+			require.NoError(t, err)
+			require.True(t, applied)
+			require.Equal(t, 1, left)
+			_, err = atomic.UpdateReturning(ctx, db, []any{&left}, q, "p")
+			require.NoError(t, err)
+			left = -1
+			applied, err = atomic.UpdateReturning(ctx, db, []any{&left}, q, "p")
+			require.NoError(t, err)
+			require.False(t, applied)
+			require.Equal(t, -1, left, "dest is untouched when nothing applied")
+		})
+	}
+}
+
+func TestUpdateRefusesNilDB(t *testing.T) {
+	t.Parallel()
+	_, err := atomic.Update(t.Context(), nil, decrement, "p")
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	_, err = atomic.UpdateReturning(t.Context(), nil, nil, decrement, "p")
+	require.ErrorIs(t, err, contend.ErrInvalid)
+}
+
+// 64 goroutines in each of 3 processes decrement one hot row of stock 1000:
+// exactly 1000 succeed, and the stock ends at 0, never below.
+func TestUpdateUnderContention(t *testing.T) {
+	for _, driver := range testserver.Drivers {
+		t.Run(driver, func(t *testing.T) {
+			const stock = 1000
+			var db *sqlx.DB
+			cfg := harness.Config{Processes: 3, Goroutines: 64, Ops: 7} // 1344 attempts
+			res := harness.Run(t, cfg,
+				func() harness.Params {
+					url := testserver.Postgres(t)
+					db = testserver.Open(t, driver, url)
+					products(t, db, stock, "hot")
+					// The database enforces "never negative" too, so an
+					// oversell would show up as errors, not pass silently.
+					_, err := db.Exec(`ALTER TABLE products ADD CHECK (stock >= 0)`)
+					require.NoError(t, err)
+					return harness.Params{"url": url}
+				},
+				func(t testing.TB, p harness.Params) harness.Op {
+					db := testserver.Open(t, driver, p["url"])
+					return func(ctx context.Context, key string) error {
+						applied, err := atomic.Update(ctx, db, decrement, key)
+						if err == nil && !applied {
+							err = fmt.Errorf("sold out: %w", contend.ErrConflict)
+						}
+						return err
+					}
+				})
+			t.Logf("sold %d, sold out %d, errors %d, p50 %v, p99 %v", res.Successes, res.Conflicts, res.Errors, res.Percentile(.5), res.Percentile(.99))
+			require.Zero(t, res.Errors, "%v", res.FirstErrors)
+			require.Equal(t, stock, res.Successes)
+			require.Equal(t, 3*64*7-stock, res.Conflicts)
+			require.Equal(t, 0, stockOf(t, db, "hot"))
+		})
+	}
+}

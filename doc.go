@@ -1,0 +1,70 @@
+// Package contend keeps "read, check, write" on shared state correct when a
+// service runs as many instances against one PostgreSQL or Redis.
+//
+// Two requests arrive almost together: a double-clicked "start bot" spawns two
+// trading engines; three servers each see "1 left in stock" and all three sell
+// it. A [sync.Mutex] cannot stop this, because the servers do not share memory.
+// Every fix coordinates at a point all instances share, the database or Redis,
+// and they differ in whether and how they lock. contend offers five, each as a
+// small package behind one contract, [Guard], so a call site can move from one
+// to another as traffic changes.
+//
+// # Which strategy
+//
+// Ask first whether a lock is needed at all:
+//
+//   - Does the rule fit in one row ("stock ≥ 1", "engine id is empty")? Use
+//     one conditional UPDATE and read the affected-row count: package atomic.
+//     The database orders the writers; nothing is locked, nothing can leak.
+//     Most cases end here: stock, counters, balances, "start once".
+//   - Does the decision read several rows or tables? Lock them first and
+//     decide inside a transaction (SELECT ... FOR UPDATE) when conflicts are
+//     frequent: package pessimistic. Read freely and let a version column
+//     detect a conflicting write when conflicts are rare: package optimistic,
+//     which retries the loser. Frequent conflicts make optimistic retries cost
+//     more than waiting for a lock; rare ones make the lock pure overhead.
+//   - Is the work outside the database (a cron job that must run on one
+//     instance, an external API that must not be called twice)? Use a Redis
+//     lease with an owner token and fencing: package distlock. It is the most
+//     delicate of the five; use it only when the database cannot hold the
+//     rule.
+//   - Does one hot key take more traffic than a lock on it can serve? Stop
+//     contending: send every job of a key to one partition consumed by one
+//     worker, in order, and batch them: package queue. The price is eventual
+//     consistency, unless the caller waits for the result.
+//
+// # The guards
+//
+// Every strategy package offers a [Guard] beside its own, more direct API.
+// They differ as follows.
+//
+//	guard              waits or fails fast   fn may run twice   holds across processes   when the holder dies
+//	atomic.Claimer     fails fast            no                 yes (a row)              claim stays; with a lease column it expires
+//	pessimistic        waits (or NOWAIT)     on deadlock retry  yes (a row lock)         lock ends with its connection
+//	optimistic         never waits           yes (retries)      yes (a version)          nothing is held
+//	distlock           fails fast or waits   no                 yes (a Redis lease)      lease expires after its TTL
+//	queue (in memory)  queues                no                 no, one process only     jobs die with the process
+//
+// Lock-based guards (the claimer, pessimistic, distlock, the in-memory queue)
+// keep fn exclusive: no two fns for one key overlap. The optimistic guard lets
+// fns overlap and commits one per version, running the losers again, so its
+// promise covers what fn does through the guard's transaction only.
+//
+// SQL guards that run fn inside a transaction hand it over through the
+// context: fn calls [Querier] to get the guard's transaction, or its own db
+// outside one, so one fn body works under every guard.
+//
+// # Errors
+//
+// Do returns fn's error unchanged; [ErrConflict] (wrapped with the key) when the
+// race was lost; [ErrNotFound] when the key has no row; [ErrLockLost] when a
+// hold ended before fn returned; [ErrInvalid] for bad input; ctx's error when
+// the caller gave up; or the backend's error, which stays reachable with
+// [errors.As]. Match them with [errors.Is].
+//
+// # Retries
+//
+// [Retry] is the one retry policy of the module (attempts, exponential
+// backoff with full jitter, honouring ctx): optimistic retries, deadlock
+// retries and lock waits all use it.
+package contend

@@ -1,0 +1,300 @@
+// Package guardtest is the conformance suite of [contend.Guard]: one function,
+// [Run], that checks the whole contract against any guard, so that every
+// strategy gets it checked the same way.
+//
+// The contract, as checked here:
+//   - no lost update: goroutines in several processes do a read-modify-write of
+//     a counter row inside Do, through [contend.Querier]; the counter ends equal
+//     to the number of calls that succeeded;
+//   - for lock-based guards, no two fns for one key are ever inside at once,
+//     across processes (an overlap counter in Redis, outside any transaction);
+//   - fn's error is returned unchanged (errors.Is), and fn's panic re-raised;
+//   - a lost race gives [contend.ErrConflict] at once where the guard fails
+//     fast, and waits for ctx otherwise;
+//   - ctx cancelled before or during fn, and a panic in fn, leave nothing held;
+//   - an empty key is refused with [contend.ErrInvalid].
+//
+// Goroutines left behind are caught by the calling package's TestMain
+// (testserver.Main).
+package guardtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/harness"
+	"github.com/contend/contend/internal/testserver"
+)
+
+// Env is what a guard is built on, in whichever process builds it.
+type Env struct {
+	// DB is a pool, through the suite's driver, on a schema of the test's own.
+	DB *sqlx.DB
+	// Redis is a client of the test server; keys the guard makes must start
+	// with Prefix.
+	Redis  *redis.Client
+	Prefix string
+}
+
+// Suite describes the guard under test.
+type Suite struct {
+	// Driver is the database/sql driver name: "postgres" or "pgx".
+	Driver string
+	// Setup prepares the backend for keys (tables, rows), once per subtest, in
+	// the test process only. Optional.
+	Setup func(t testing.TB, env Env, keys []string)
+	// New builds the guard, in the test process or in a worker process. The
+	// guard is closed, if it has a Close method, when the test ends.
+	New func(t testing.TB, env Env) contend.Guard
+	// FailFast is true for guards that answer a held key with ErrConflict at
+	// once; the others wait for it until ctx ends.
+	FailFast bool
+	// Exclusive is true for lock-based guards: no two fns for one key overlap.
+	Exclusive bool
+}
+
+// counterTable holds the counters fn increments.
+const counterTable = "guardtest_counters"
+
+// Run checks s's guard against the whole contract, in subtests.
+func Run(t *testing.T, s Suite) {
+	t.Run("no_lost_update/goroutines", func(t *testing.T) {
+		rep := Contend(t, s, harness.Config{Goroutines: 16, Ops: 24, Keys: keys(3)})
+		rep.RequireHeld(t, s)
+	})
+	t.Run("no_lost_update/processes", func(t *testing.T) {
+		rep := Contend(t, s, harness.Config{Processes: 3, Goroutines: 16, Ops: 24, Keys: keys(3)})
+		rep.RequireHeld(t, s)
+	})
+	t.Run("returns_fn_error", func(t *testing.T) {
+		g, _ := build(t, s, "k")
+		sentinel := errors.New("fn failed")
+		err := g.Do(t.Context(), "k", func(context.Context) error { return fmt.Errorf("wrapped: %w", sentinel) })
+		require.ErrorIs(t, err, sentinel)
+		err = g.Do(t.Context(), "k", func(context.Context) error { return sentinel })
+		require.ErrorIs(t, err, sentinel)
+		require.NoError(t, g.Do(t.Context(), "k", func(context.Context) error { return nil }))
+	})
+	t.Run("lost_race", func(t *testing.T) { lostRace(t, s) })
+	t.Run("ctx_cancelled_before", func(t *testing.T) {
+		g, _ := build(t, s, "k")
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		ran := false
+		err := g.Do(ctx, "k", func(context.Context) error { ran = true; return nil })
+		require.ErrorIs(t, err, context.Canceled)
+		require.False(t, ran, "fn ran under a cancelled ctx")
+		requireFree(t, g, "k")
+	})
+	t.Run("ctx_cancelled_during_fn", func(t *testing.T) {
+		g, _ := build(t, s, "k")
+		ctx, cancel := context.WithCancel(t.Context())
+		err := g.Do(ctx, "k", func(ctx context.Context) error {
+			cancel()
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		require.ErrorIs(t, err, context.Canceled)
+		requireFree(t, g, "k")
+	})
+	t.Run("panic_in_fn", func(t *testing.T) {
+		g, _ := build(t, s, "k")
+		var recovered any
+		func() {
+			defer func() { recovered = recover() }()
+			_ = g.Do(t.Context(), "k", func(context.Context) error { panic("boom") })
+		}()
+		require.Equal(t, "boom", recovered, "Do must re-raise fn's panic")
+		requireFree(t, g, "k")
+	})
+	t.Run("empty_key", func(t *testing.T) {
+		g, _ := build(t, s, "k")
+		ran := false
+		err := g.Do(t.Context(), "", func(context.Context) error { ran = true; return nil })
+		require.ErrorIs(t, err, contend.ErrInvalid)
+		require.False(t, ran)
+	})
+}
+
+func keys(n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = "key-" + strconv.Itoa(i)
+	}
+	return ks
+}
+
+// build makes an environment in this process, sets it up for keys and builds
+// the guard.
+func build(t *testing.T, s Suite, keys ...string) (contend.Guard, Env) {
+	t.Helper()
+	env := open(t, s.Driver, testserver.Postgres(t), "")
+	setup(t, s, env, keys)
+	return newGuard(t, s, env), env
+}
+
+func setup(t testing.TB, s Suite, env Env, keys []string) {
+	t.Helper()
+	_, err := env.DB.Exec(`CREATE TABLE ` + counterTable + ` (key text PRIMARY KEY, n bigint NOT NULL)`)
+	require.NoError(t, err)
+	for _, k := range keys {
+		_, err := env.DB.Exec(`INSERT INTO `+counterTable+` (key, n) VALUES ($1, 0)`, k)
+		require.NoError(t, err)
+	}
+	if s.Setup != nil {
+		s.Setup(t, env, keys)
+	}
+}
+
+func newGuard(t testing.TB, s Suite, env Env) contend.Guard {
+	g := s.New(t, env)
+	if c, ok := g.(interface{ Close() error }); ok {
+		t.Cleanup(func() { _ = c.Close() })
+	}
+	return g
+}
+
+// open connects to the schema at url and to Redis; prefix "" makes a fresh
+// Redis prefix, cleaned when t ends.
+func open(t testing.TB, driver, url, prefix string) Env {
+	t.Helper()
+	db := testserver.Open(t, driver, url)
+	client, fresh := testserver.Redis(t)
+	if prefix == "" {
+		prefix = fresh
+	}
+	return Env{DB: db, Redis: client, Prefix: prefix}
+}
+
+// requireFree checks that key is not held: a fail-fast guard must not answer
+// ErrConflict, a waiting one must not wait.
+func requireFree(t *testing.T, g contend.Guard, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	ran := false
+	err := g.Do(ctx, key, func(context.Context) error { ran = true; return nil })
+	require.NoError(t, err, "key %q is still held", key)
+	require.True(t, ran)
+}
+
+func lostRace(t *testing.T, s Suite) {
+	g, _ := build(t, s, "k")
+	inside, leave := make(chan struct{}), make(chan struct{})
+	holderErr := make(chan error, 1)
+	go func() {
+		holderErr <- g.Do(t.Context(), "k", func(context.Context) error {
+			close(inside)
+			<-leave
+			return nil
+		})
+	}()
+	select {
+	case <-inside:
+	case err := <-holderErr:
+		t.Fatalf("holder did not get in: %v", err)
+	}
+
+	ran := false
+	if s.FailFast {
+		err := g.Do(t.Context(), "k", func(context.Context) error { ran = true; return nil })
+		require.ErrorIs(t, err, contend.ErrConflict)
+		require.ErrorContains(t, err, "k", "the conflict names its key")
+	} else {
+		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		err := g.Do(ctx, "k", func(context.Context) error { ran = true; return nil })
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
+	require.False(t, ran, "fn ran while another held the key")
+
+	close(leave)
+	require.NoError(t, <-holderErr)
+	requireFree(t, g, "k")
+}
+
+// Report is what a contention run did and what the backend shows after it.
+type Report struct {
+	harness.Result
+	// Counted is the sum of the counters fn incremented.
+	Counted int64
+	// Overlaps counts the times a fn found another fn for its key inside.
+	Overlaps int64
+}
+
+// Contend runs a read-modify-write of a counter inside Do from the goroutines
+// and processes of cfg, and reports the outcome. Between the read and the
+// write fn pauses, so an unguarded read-modify-write loses updates reliably.
+func Contend(t *testing.T, s Suite, cfg harness.Config) Report {
+	t.Helper()
+	var env Env
+	res := harness.Run(t, cfg,
+		func() harness.Params {
+			url := testserver.Postgres(t)
+			env = open(t, s.Driver, url, "")
+			setup(t, s, env, cfg.Keys)
+			return harness.Params{"url": url, "prefix": env.Prefix}
+		},
+		func(t testing.TB, p harness.Params) harness.Op {
+			env := open(t, s.Driver, p["url"], p["prefix"])
+			g := newGuard(t, s, env)
+			return func(ctx context.Context, key string) error {
+				return g.Do(ctx, key, func(ctx context.Context) error { return increment(ctx, env, key) })
+			}
+		})
+	rep := Report{Result: res}
+	require.NoError(t, env.DB.Get(&rep.Counted, `SELECT coalesce(sum(n), 0) FROM `+counterTable))
+	overlaps, err := env.Redis.Get(t.Context(), env.Prefix+"overlaps").Int64()
+	if !errors.Is(err, redis.Nil) {
+		require.NoError(t, err)
+	}
+	rep.Overlaps = overlaps
+	return rep
+}
+
+// RequireHeld checks the invariants of s's contract on r.
+func (r Report) RequireHeld(t *testing.T, s Suite) {
+	t.Helper()
+	t.Logf("successes %d, conflicts %d, errors %d, counted %d, overlaps %d, p50 %v, p99 %v",
+		r.Successes, r.Conflicts, r.Errors, r.Counted, r.Overlaps, r.Percentile(.5), r.Percentile(.99))
+	require.Zero(t, r.Errors, "failures: %v", r.FirstErrors)
+	require.Positive(t, r.Successes)
+	require.EqualValues(t, r.Successes, r.Counted, "lost updates: %d calls succeeded, the counters show %d", r.Successes, r.Counted)
+	if s.Exclusive {
+		require.Zero(t, r.Overlaps, "two fns for one key were inside at once")
+	}
+	if !s.FailFast {
+		require.Zero(t, r.Conflicts, "a waiting guard gave up")
+	}
+}
+
+func increment(ctx context.Context, env Env, key string) error {
+	marker := env.Prefix + "inside:" + key
+	n, err := env.Redis.Incr(ctx, marker).Result()
+	if err != nil {
+		return err
+	}
+	defer env.Redis.Decr(context.WithoutCancel(ctx), marker)
+	if n > 1 {
+		env.Redis.Incr(ctx, env.Prefix+"overlaps")
+	}
+	q := contend.Querier(ctx, env.DB)
+	var v int64
+	if err := q.QueryRowContext(ctx, `SELECT n FROM `+counterTable+` WHERE key = $1`, key).Scan(&v); err != nil {
+		return err
+	}
+	// Widen the window between read and write, so that a guard that does not
+	// keep callers apart loses updates every run, not once in a while.
+	time.Sleep(time.Millisecond)
+	_, err = q.ExecContext(ctx, `UPDATE `+counterTable+` SET n = $2 WHERE key = $1`, key, v+1)
+	return err
+}
