@@ -71,10 +71,9 @@ const releaseTimeout = 5 * time.Second
 type Claimer struct {
 	lease time.Duration // 0 without a lease column
 
-	claim   *sql.Stmt // $1 key, $2 token [, $3 lease µs]
+	claim   *sql.Stmt // $1 key, $2 token [, $3 lease µs] → claimed, exists
 	release *sql.Stmt // $1 key, $2 token
 	extend  *sql.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
-	exists  *sql.Stmt // $1 key
 }
 
 var _ contend.Guard = (*Claimer)(nil)
@@ -135,12 +134,17 @@ func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
 		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= now()`,
 			table, lease, deadline, key, owner, lease)
 	}
-	existsSQL := fmt.Sprintf(`SELECT 1 FROM %s WHERE %s = $1`, table, key)
+	// One round trip tells a win, a lost race and a missing row apart: the
+	// UPDATE in the WITH runs to completion whatever the outer query reads,
+	// and the outer query's existence check sees the row as the statement
+	// began. A hot key's losers would otherwise pay a second query each.
+	claimSQL = fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT EXISTS (SELECT 1 FROM claimed), EXISTS (SELECT 1 FROM %s WHERE %s = $1)`,
+		claimSQL, table, key)
 
 	for _, p := range []struct {
 		dst   **sql.Stmt
 		query string
-	}{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}, {&c.exists, existsSQL}} {
+	}{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}} {
 		if p.query == "" {
 			continue
 		}
@@ -155,7 +159,7 @@ func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
 // Close releases the prepared statements. The Claimer must not be used after.
 func (c *Claimer) Close() error {
 	var errs []error
-	for _, s := range []*sql.Stmt{c.claim, c.release, c.extend, c.exists} {
+	for _, s := range []*sql.Stmt{c.claim, c.release, c.extend} {
 		if s != nil {
 			errs = append(errs, s.Close())
 		}
@@ -192,21 +196,14 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 	if c.lease > 0 {
 		args = append(args, c.lease.Microseconds())
 	}
-	applied, err := stmtApplied(ctx, c.claim, args...)
-	if err != nil {
-		return fmt.Errorf("atomic: claim %q: %w", key, err)
-	}
-	if applied {
-		return nil
-	}
-	// Zero rows: either someone holds the key or there is no row at all. Only
-	// a failed claim pays this second round trip.
-	var one int
-	switch err := c.exists.QueryRowContext(ctx, key).Scan(&one); {
-	case errors.Is(err, sql.ErrNoRows):
-		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
+	var claimed, exists bool
+	switch err := c.claim.QueryRowContext(ctx, args...).Scan(&claimed, &exists); {
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
+	case claimed:
+		return nil
+	case !exists:
+		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
 	}
 	return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrConflict)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
@@ -22,10 +23,8 @@ func bots(t testing.TB, db *sqlx.DB, ids ...string) {
 	t.Helper()
 	_, err := db.Exec(`CREATE TABLE bots (id text PRIMARY KEY, engine_id text, lease_until timestamptz)`)
 	require.NoError(t, err)
-	for _, id := range ids {
-		_, err := db.Exec(`INSERT INTO bots (id) VALUES ($1)`, id)
-		require.NoError(t, err)
-	}
+	_, err = db.Exec(`INSERT INTO bots (id) SELECT unnest($1::text[])`, pq.Array(ids))
+	require.NoError(t, err)
 }
 
 var (

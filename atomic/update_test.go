@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
@@ -22,10 +23,8 @@ func products(t testing.TB, db *sqlx.DB, stock int, ids ...string) {
 	t.Helper()
 	_, err := db.Exec(`CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL)`)
 	require.NoError(t, err)
-	for _, id := range ids {
-		_, err := db.Exec(`INSERT INTO products (id, stock) VALUES ($1, $2)`, id, stock)
-		require.NoError(t, err)
-	}
+	_, err = db.Exec(`INSERT INTO products (id, stock) SELECT unnest($1::text[]), $2`, pq.Array(ids), stock)
+	require.NoError(t, err)
 }
 
 func stockOf(t testing.TB, db *sqlx.DB, id string) int {
