@@ -1,0 +1,182 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/atomic"
+)
+
+// schema is the table the service works on: one row per bot, engine_id NULL
+// while the bot is stopped, and otherwise the id of its engine, running or
+// still being spawned.
+const schema = `CREATE TABLE bots (id text PRIMARY KEY, engine_id text)`
+
+// releaseTimeout bounds the release of a claim, which runs even after the
+// request that made the claim is gone.
+const releaseTimeout = 5 * time.Second
+
+// Service is one instance of the bot API. Any number of instances, in any
+// number of processes, share the bots table and the engine platform. The claim
+// on a bot's row is all that keeps two of them from starting the same bot; no
+// lock is held anywhere while an engine spawns.
+//
+// A claim lasts until the bot is stopped or its spawn fails. A claim whose
+// release is lost (the process died mid-spawn) stays until cleared by hand.
+type Service struct {
+	db      *sqlx.DB
+	claims  *atomic.Claimer
+	engines Spawner
+	log     *log.Logger // errors answered with 500, whose details the client does not see
+}
+
+// NewService prepares a service on db, whose bots table must exist. It never
+// closes db.
+func NewService(ctx context.Context, db *sqlx.DB, engines Spawner, logger *log.Logger) (*Service, error) {
+	claims, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id"})
+	if err != nil {
+		return nil, fmt.Errorf("botstart: %w", err)
+	}
+	return &Service{db: db, claims: claims, engines: engines, log: logger}, nil
+}
+
+// Close releases the service's prepared statements.
+func (s *Service) Close() error { return s.claims.Close() }
+
+// Handler returns the service's routes.
+func (s *Service) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("POST /bots/{id}/start", s.handle(s.start))
+	mux.Handle("POST /bots/{id}/stop", s.handle(s.stop))
+	mux.Handle("GET /bots/{id}", s.handle(s.get))
+	return mux
+}
+
+// botStatus is a bot's row as the API shows it.
+type botStatus struct {
+	ID       string  `json:"id"`
+	EngineID *string `json:"engine_id"` // nil while stopped
+}
+
+// start claims the bot and spawns its engine. The claim's token is the new
+// engine's id: it exists before the engine does, so the row names the engine
+// before it is spawned, and of any number of concurrent starts only the one
+// whose claim wrote the row goes on to spawn. The others get 409 at once.
+func (s *Service) start(w http.ResponseWriter, r *http.Request) error {
+	bot := r.PathValue("id")
+	engineID, err := s.claims.Claim(r.Context(), bot)
+	if err != nil {
+		return fmt.Errorf("start: %w", err) // ErrConflict: running or starting; ErrNotFound: no such bot
+	}
+	if err := s.engines.Spawn(r.Context(), engineID, bot); err != nil {
+		// Unreleased, the bot would stay claimed by an engine that never ran
+		// and could never be started again.
+		_, rerr := s.release(r.Context(), bot, engineID)
+		return errors.Join(fmt.Errorf("start %s: spawn engine %s: %w", bot, engineID, err), rerr)
+	}
+	writeJSON(w, http.StatusOK, botStatus{ID: bot, EngineID: &engineID})
+	return nil
+}
+
+// stop stops the bot's engine, then releases the claim with the engine's id.
+// In that order: released first, the claim would let a start spawn a second
+// engine while the first still trades.
+func (s *Service) stop(w http.ResponseWriter, r *http.Request) error {
+	bot := r.PathValue("id")
+	st, err := s.status(r.Context(), bot)
+	if err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	if st.EngineID == nil {
+		return fmt.Errorf("stop %s: not running: %w", bot, contend.ErrConflict)
+	}
+	engineID := *st.EngineID
+	if err := s.engines.Stop(r.Context(), engineID); errors.Is(err, ErrNoEngine) {
+		// The start that claimed the bot is still spawning (or another stop
+		// got here first). Releasing now would let that engine come up with
+		// no row naming it: the orphan of the story.
+		return fmt.Errorf("stop %s: engine %s is not up: %w", bot, engineID, contend.ErrConflict)
+	} else if err != nil {
+		return fmt.Errorf("stop %s: %w", bot, err)
+	}
+	released, err := s.release(r.Context(), bot, engineID)
+	if err != nil {
+		return fmt.Errorf("stop %s: engine %s stopped: %w", bot, engineID, err)
+	}
+	if !released {
+		return fmt.Errorf("stop %s: engine %s stopped, but the row no longer named it: %w", bot, engineID, contend.ErrConflict)
+	}
+	writeJSON(w, http.StatusOK, botStatus{ID: bot})
+	return nil
+}
+
+func (s *Service) get(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.status(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+func (s *Service) status(ctx context.Context, bot string) (botStatus, error) {
+	st := botStatus{ID: bot}
+	err := s.db.GetContext(ctx, &st.EngineID, `SELECT engine_id FROM bots WHERE id = $1`, bot)
+	if errors.Is(err, sql.ErrNoRows) {
+		return st, fmt.Errorf("bot %s: %w", bot, contend.ErrNotFound)
+	}
+	return st, err
+}
+
+// release clears the bot's claim if engineID still holds it; a late release
+// never clears a newer claim. It runs even when the request is gone (a client
+// that gave up may be why the spawn failed), hence a context of its own.
+func (s *Service) release(ctx context.Context, bot, engineID string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	return s.claims.Release(ctx, bot, engineID)
+}
+
+// handle answers a handler's error: a lost race is 409 and an unknown bot 404,
+// with the error as the message; anything else is 500, logged here and not
+// shown to the client.
+func (s *Service) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := h(w, r)
+		if err == nil {
+			return
+		}
+		code, msg := http.StatusInternalServerError, http.StatusText(http.StatusInternalServerError)
+		switch {
+		case errors.Is(err, contend.ErrConflict):
+			code, msg = http.StatusConflict, err.Error()
+		case errors.Is(err, contend.ErrNotFound):
+			code, msg = http.StatusNotFound, err.Error()
+		default:
+			s.log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
+		}
+		writeJSON(w, code, errorBody{Error: msg})
+	})
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+}
+
+// writeJSON answers v with code. An encoding error is not reported: the
+// status line is sent already, and with these types only a vanished client
+// makes one.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(v)
+}
