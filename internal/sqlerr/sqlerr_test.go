@@ -1,0 +1,87 @@
+package sqlerr_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend/internal/sqlerr"
+	"github.com/contend/contend/internal/testserver"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+// Each driver's real errors, produced by a real server, classify the same.
+func TestClassifiesBothDrivers(t *testing.T) {
+	for _, driver := range testserver.Drivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db := testserver.DB(t, driver)
+			ctx := t.Context()
+			_, err := db.Exec(`CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t VALUES (1), (2)`)
+			require.NoError(t, err)
+
+			_, err = db.ExecContext(ctx, `INSERT INTO t VALUES (1)`)
+			require.Equal(t, sqlerr.UniqueViolation, sqlerr.Code(err))
+			wrapped := fmt.Errorf("outer: %w", err)
+			require.True(t, sqlerr.Is(wrapped, sqlerr.UniqueViolation), "wrapped errors classify too")
+			require.False(t, sqlerr.Retryable(err))
+
+			holder, err := db.BeginTxx(ctx, nil)
+			require.NoError(t, err)
+			defer holder.Rollback()
+			_, err = holder.ExecContext(ctx, `SELECT * FROM t WHERE id = 1 FOR UPDATE`)
+			require.NoError(t, err)
+			_, err = db.ExecContext(ctx, `SELECT * FROM t WHERE id = 1 FOR UPDATE NOWAIT`)
+			require.Equal(t, sqlerr.LockNotAvailable, sqlerr.Code(err))
+			_, err = db.ExecContext(ctx, `SET statement_timeout = 50; SELECT pg_sleep(1)`)
+			require.Equal(t, sqlerr.QueryCanceled, sqlerr.Code(err))
+			require.NoError(t, holder.Rollback())
+
+			requireDeadlock(t, db.DB, ctx)
+		})
+	}
+}
+
+// Two transactions lock rows 1 and 2 in opposite orders; the server kills one.
+func requireDeadlock(t *testing.T, db *sql.DB, ctx context.Context) {
+	t.Helper()
+	txs := make([]*sql.Tx, 2)
+	for i := range txs {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		defer tx.Rollback()
+		_, err = tx.ExecContext(ctx, `UPDATE t SET id = id WHERE id = $1`, i+1)
+		require.NoError(t, err)
+		txs[i] = tx
+	}
+	type outcome struct {
+		tx  int
+		err error
+	}
+	done := make(chan outcome, 2)
+	for i, tx := range txs {
+		go func() {
+			_, err := tx.ExecContext(ctx, `UPDATE t SET id = id WHERE id = $1`, 2-i)
+			done <- outcome{i, err}
+		}()
+	}
+	// Only the victim's statement returns while the other waits for its
+	// locks; rolling the victim back lets the other finish.
+	victim := <-done
+	require.NoError(t, txs[victim.tx].Rollback())
+	require.NoError(t, (<-done).err)
+	require.True(t, sqlerr.Retryable(victim.err), "got %v", victim.err)
+	require.Equal(t, sqlerr.DeadlockDetected, sqlerr.Code(victim.err))
+}
+
+func TestNoCode(t *testing.T) {
+	t.Parallel()
+	require.Empty(t, sqlerr.Code(nil))
+	require.Empty(t, sqlerr.Code(errors.New("plain")))
+	require.False(t, sqlerr.Is(context.Canceled, sqlerr.QueryCanceled))
+}
