@@ -38,8 +38,15 @@ func TestClassifiesBothDrivers(t *testing.T) {
 			require.NoError(t, err)
 			_, err = db.ExecContext(ctx, `SELECT * FROM t WHERE id = 1 FOR UPDATE NOWAIT`)
 			require.Equal(t, sqlerr.LockNotAvailable, sqlerr.Code(err))
-			_, err = db.ExecContext(ctx, `SET statement_timeout = 50; SELECT pg_sleep(1)`)
+			// SET LOCAL: a session-wide timeout would stay on the pooled
+			// connection and cancel later tests' statements.
+			tx, err := db.BeginTxx(ctx, nil)
+			require.NoError(t, err)
+			_, err = tx.ExecContext(ctx, `SET LOCAL statement_timeout = 50`)
+			require.NoError(t, err)
+			_, err = tx.ExecContext(ctx, `SELECT pg_sleep(1)`)
 			require.Equal(t, sqlerr.QueryCanceled, sqlerr.Code(err))
+			require.NoError(t, tx.Rollback())
 			require.NoError(t, holder.Rollback())
 
 			requireDeadlock(t, db.DB, ctx)
@@ -59,24 +66,27 @@ func requireDeadlock(t *testing.T, db *sql.DB, ctx context.Context) {
 		require.NoError(t, err)
 		txs[i] = tx
 	}
-	type outcome struct {
-		tx  int
-		err error
-	}
-	done := make(chan outcome, 2)
+	errs := make(chan error, 2)
 	for i, tx := range txs {
 		go func() {
 			_, err := tx.ExecContext(ctx, `UPDATE t SET id = id WHERE id = $1`, 2-i)
-			done <- outcome{i, err}
+			if err != nil {
+				// The victim's rollback releases its locks so the other
+				// transaction can finish.
+				tx.Rollback()
+			}
+			errs <- err
 		}()
 	}
-	// Only the victim's statement returns while the other waits for its
-	// locks; rolling the victim back lets the other finish.
-	victim := <-done
-	require.NoError(t, txs[victim.tx].Rollback())
-	require.NoError(t, (<-done).err)
-	require.True(t, sqlerr.Retryable(victim.err), "got %v", victim.err)
-	require.Equal(t, sqlerr.DeadlockDetected, sqlerr.Code(victim.err))
+	var victims []error
+	for range txs {
+		if err := <-errs; err != nil {
+			victims = append(victims, err)
+		}
+	}
+	require.Len(t, victims, 1, "exactly one transaction is the deadlock's victim: %v", victims)
+	require.True(t, sqlerr.Retryable(victims[0]), "got %v", victims[0])
+	require.Equal(t, sqlerr.DeadlockDetected, sqlerr.Code(victims[0]))
 }
 
 func TestNoCode(t *testing.T) {

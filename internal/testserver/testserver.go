@@ -212,7 +212,7 @@ func Postgres(t testing.TB) string {
 // allows 100 connections in all, and tests run several processes and packages
 // at once; goroutines beyond the cap queue for a connection, so contention on
 // the server is still real.
-const MaxConns = 16
+const MaxConns = 10
 
 // Open opens url with driver, at most [MaxConns] connections, and closes the
 // pool when t ends.
