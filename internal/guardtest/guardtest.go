@@ -76,48 +76,48 @@ func Run(t *testing.T, s Suite) {
 		rep.RequireHeld(t, s)
 	})
 	t.Run("returns_fn_error", func(t *testing.T) {
-		g, _ := build(t, s, "k")
+		g, k := build(t, s)
 		sentinel := errors.New("fn failed")
-		err := g.Do(t.Context(), "k", func(context.Context) error { return fmt.Errorf("wrapped: %w", sentinel) })
+		err := g.Do(t.Context(), k, func(context.Context) error { return fmt.Errorf("wrapped: %w", sentinel) })
 		require.ErrorIs(t, err, sentinel)
-		err = g.Do(t.Context(), "k", func(context.Context) error { return sentinel })
+		err = g.Do(t.Context(), k, func(context.Context) error { return sentinel })
 		require.ErrorIs(t, err, sentinel)
-		require.NoError(t, g.Do(t.Context(), "k", func(context.Context) error { return nil }))
+		require.NoError(t, g.Do(t.Context(), k, func(context.Context) error { return nil }))
 	})
 	t.Run("lost_race", func(t *testing.T) { lostRace(t, s) })
 	t.Run("ctx_cancelled_before", func(t *testing.T) {
-		g, _ := build(t, s, "k")
+		g, k := build(t, s)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		ran := false
-		err := g.Do(ctx, "k", func(context.Context) error { ran = true; return nil })
+		err := g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
 		require.ErrorIs(t, err, context.Canceled)
 		require.False(t, ran, "fn ran under a cancelled ctx")
-		requireFree(t, g, "k")
+		requireFree(t, g, k)
 	})
 	t.Run("ctx_cancelled_during_fn", func(t *testing.T) {
-		g, _ := build(t, s, "k")
+		g, k := build(t, s)
 		ctx, cancel := context.WithCancel(t.Context())
-		err := g.Do(ctx, "k", func(ctx context.Context) error {
+		err := g.Do(ctx, k, func(ctx context.Context) error {
 			cancel()
 			<-ctx.Done()
 			return ctx.Err()
 		})
 		require.ErrorIs(t, err, context.Canceled)
-		requireFree(t, g, "k")
+		requireFree(t, g, k)
 	})
 	t.Run("panic_in_fn", func(t *testing.T) {
-		g, _ := build(t, s, "k")
+		g, k := build(t, s)
 		var recovered any
 		func() {
 			defer func() { recovered = recover() }()
-			_ = g.Do(t.Context(), "k", func(context.Context) error { panic("boom") })
+			_ = g.Do(t.Context(), k, func(context.Context) error { panic("boom") })
 		}()
 		require.Equal(t, "boom", recovered, "Do must re-raise fn's panic")
-		requireFree(t, g, "k")
+		requireFree(t, g, k)
 	})
 	t.Run("empty_key", func(t *testing.T) {
-		g, _ := build(t, s, "k")
+		g, _ := build(t, s)
 		ran := false
 		err := g.Do(t.Context(), "", func(context.Context) error { ran = true; return nil })
 		require.ErrorIs(t, err, contend.ErrInvalid)
@@ -125,21 +125,25 @@ func Run(t *testing.T, s Suite) {
 	})
 }
 
+// keys returns n keys no other test uses: some guards keep their state
+// database-wide (advisory locks), not in the test's schema.
 func keys(n int) []string {
+	base := testserver.RandomName("key-")
 	ks := make([]string, n)
 	for i := range ks {
-		ks[i] = "key-" + strconv.Itoa(i)
+		ks[i] = base + "-" + strconv.Itoa(i)
 	}
 	return ks
 }
 
-// build makes an environment in this process, sets it up for keys and builds
-// the guard.
-func build(t *testing.T, s Suite, keys ...string) (contend.Guard, Env) {
+// build makes an environment in this process, sets it up for one fresh key and
+// builds the guard.
+func build(t *testing.T, s Suite) (contend.Guard, string) {
 	t.Helper()
 	env := open(t, s.Driver, testserver.Postgres(t), "")
-	setup(t, s, env, keys)
-	return newGuard(t, s, env), env
+	key := keys(1)[0]
+	setup(t, s, env, []string{key})
+	return newGuard(t, s, env), key
 }
 
 func setup(t testing.TB, s Suite, env Env, keys []string) {
@@ -188,11 +192,11 @@ func requireFree(t *testing.T, g contend.Guard, key string) {
 }
 
 func lostRace(t *testing.T, s Suite) {
-	g, _ := build(t, s, "k")
+	g, k := build(t, s)
 	inside, leave := make(chan struct{}), make(chan struct{})
 	holderErr := make(chan error, 1)
 	go func() {
-		holderErr <- g.Do(t.Context(), "k", func(context.Context) error {
+		holderErr <- g.Do(t.Context(), k, func(context.Context) error {
 			close(inside)
 			<-leave
 			return nil
@@ -206,12 +210,12 @@ func lostRace(t *testing.T, s Suite) {
 
 	ran := false
 	if s.FailFast {
-		err := g.Do(t.Context(), "k", func(context.Context) error { ran = true; return nil })
+		err := g.Do(t.Context(), k, func(context.Context) error { ran = true; return nil })
 		require.ErrorIs(t, err, contend.ErrConflict)
-		require.ErrorContains(t, err, "k", "the conflict names its key")
+		require.ErrorContains(t, err, k, "the conflict names its key")
 	} else {
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
-		err := g.Do(ctx, "k", func(context.Context) error { ran = true; return nil })
+		err := g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 	}
@@ -219,7 +223,7 @@ func lostRace(t *testing.T, s Suite) {
 
 	close(leave)
 	require.NoError(t, <-holderErr)
-	requireFree(t, g, "k")
+	requireFree(t, g, k)
 }
 
 // Report is what a contention run did and what the backend shows after it.

@@ -223,6 +223,9 @@ func Open(t testing.TB, driver, url string) *sqlx.DB {
 		t.Fatal(err)
 	}
 	db.SetMaxOpenConns(MaxConns)
+	// database/sql keeps 2 idle connections by default: a pool with more
+	// workers than that would reconnect all the time, and measure it.
+	db.SetMaxIdleConns(MaxConns)
 	t.Cleanup(func() { db.Close() })
 	if err := db.Ping(); err != nil {
 		t.Fatalf("testserver: connect %s: %v", driver, err)

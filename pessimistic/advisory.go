@@ -1,0 +1,116 @@
+package pessimistic
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/contend/contend"
+)
+
+// AdvisoryConfig says how an [Advisory] locks.
+type AdvisoryConfig struct {
+	// Mode is [Wait] (pg_advisory_xact_lock) or [NoWait]
+	// (pg_try_advisory_xact_lock: a held key gives [contend.ErrConflict] at
+	// once, and the transaction stays usable). Default: Wait.
+	Mode Mode
+	// LockTimeout, when positive, bounds each wait for a lock, as
+	// [Config.LockTimeout] does. Default: 0, bounded by ctx alone.
+	LockTimeout time.Duration
+	// Isolation is the isolation level of the transactions the guard
+	// begins. Default: the server's.
+	Isolation sql.IsolationLevel
+	// Retry bounds the runs of a transaction the guard owns when it fails
+	// with a deadlock or a serialization failure. Default: contend.Retry's
+	// defaults.
+	Retry contend.Retry
+}
+
+// Advisory locks keys that have no row (a report period, an external
+// account, a name about to be inserted) with PostgreSQL's transaction-level
+// advisory locks, and runs a function in the same transaction. It keeps the
+// promises of a [Locker]: exclusive across processes for the life of the
+// transaction, released at commit or rollback or when the connection dies,
+// fn gets only the transaction, the same retries, the same errors (except
+// that no key is ever missing).
+//
+// The lock is taken on a 64-bit hash of the key computed by the server,
+//
+//	pg_advisory_xact_lock(hashtextextended(key, 0))
+//
+// rather than by this package (an FNV-1a in Go, say), so that a program in any
+// language that locks the same key with the same expression excludes and is
+// excluded by this guard: the one server they all talk to computes the id, so
+// they agree by construction, with nothing to port and nothing to get subtly
+// wrong (byte order, text encoding). Advisory lock ids form one space per
+// database, shared with every other user of advisory locks: prefix keys with
+// their kind ("report:2024-06", not "2024-06"). Two keys with the same hash
+// serialise each other needlessly, which 64 bits make unlikely; they never
+// break exclusion.
+//
+// Locks are reentrant within a transaction: a nested call for a key the
+// transaction already holds goes straight in. An Advisory is safe for
+// simultaneous use by multiple goroutines and never closes the db it was
+// given.
+type Advisory struct {
+	r    runner
+	lock string // $1 key; NoWait: → bool
+}
+
+var _ contend.Guard = (*Advisory)(nil)
+
+// NewAdvisory validates cfg and returns an advisory guard on db, which is a
+// pool or a caller's transaction, as for [New].
+func NewAdvisory(db contend.DBTX, cfg AdvisoryConfig) (*Advisory, error) {
+	if cfg.Mode != Wait && cfg.Mode != NoWait {
+		return nil, fmt.Errorf("pessimistic: advisory locks take mode wait or NOWAIT, not %v: %w", cfg.Mode, contend.ErrInvalid)
+	}
+	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.Isolation, cfg.Retry)
+	if err != nil {
+		return nil, err
+	}
+	a := &Advisory{r: r, lock: `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`}
+	if cfg.Mode == NoWait {
+		a.lock = `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
+	}
+	return a, nil
+}
+
+// Lock takes key's advisory lock and runs fn in the same transaction, which
+// it commits when fn returns nil and rolls back otherwise, also when fn
+// panics (re-raised). It returns what [Locker.Lock] does, never
+// [contend.ErrNotFound].
+func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
+	if key == "" {
+		return fmt.Errorf("pessimistic: advisory lock: empty key: %w", contend.ErrInvalid)
+	}
+	if fn == nil {
+		return fmt.Errorf("pessimistic: advisory lock %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	what := func() string { return "advisory " + strconv.Quote(key) }
+	return a.r.run(ctx, what, func(ctx context.Context, tx contend.DBTX) error {
+		if a.r.mode == Wait {
+			_, err := tx.ExecContext(ctx, a.lock, key)
+			return err
+		}
+		var got bool
+		if err := tx.QueryRowContext(ctx, a.lock, key).Scan(&got); err != nil {
+			return err
+		}
+		if !got {
+			return fmt.Errorf("held by another transaction: %w", contend.ErrConflict)
+		}
+		return nil
+	}, fn)
+}
+
+// Do is [Advisory.Lock] for a fn that reaches the transaction through
+// [contend.Querier] only: the [contend.Guard] form.
+func (a *Advisory) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
+	if fn == nil {
+		return fmt.Errorf("pessimistic: advisory lock %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	return a.Lock(ctx, key, func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) })
+}

@@ -1,0 +1,111 @@
+// Package pessimistic locks first, then decides: it runs a function inside a
+// transaction after locking the rows (or advisory keys) the decision depends
+// on, so no other transaction, in any process, can change them between the
+// read and the write.
+//
+// Three servers each read "1 left in stock" and each sell it: the read and
+// the write are two statements, and the others' writes land between them.
+// When the rule fits in one statement, package atomic is cheaper. When the
+// decision reads several rows or tables (a transfer checks one balance and
+// writes two; an order checks stock, a customer's limit and a coupon), lock
+// them first:
+//
+//	BEGIN;
+//	SELECT 1 FROM products WHERE id = $1 FOR NO KEY UPDATE;  -- others wait here
+//	-- read, check, write: nobody else can change the row meanwhile
+//	COMMIT;                                                  -- the next one goes
+//
+// A [Locker] does this for a configured table and key column: [Locker.Do] is
+// the [contend.Guard], [Locker.Lock] hands fn the transaction explicitly,
+// [Locker.LockMany] locks several rows in one stable order (so two callers
+// locking the same rows cannot deadlock each other), and [Locker.Claim] takes
+// free rows for work-queue style processing (SKIP LOCKED). An [Advisory]
+// guard locks keys that have no row, with pg_advisory_xact_lock on a hash of
+// the key computed by the server.
+//
+// # Guarantee
+//
+// For as long as the transaction lives, the holder is alone with the locked
+// rows or keys, across every process that uses the same database: others
+// wait (or, by [Mode], give up with [contend.ErrConflict]). The lock is the
+// database's, and it dies with the transaction: at commit, at rollback (on
+// fn's error or panic), and when the connection dies. A crashed or killed
+// holder releases it at once (its socket closes), with its uncommitted
+// writes undone: nothing is left locked for a lease to run out, and a slow
+// holder never loses its lock while still working (a lease can expire under
+// it). The tests kill a holder's connection mid-transaction and watch the
+// waiter proceed within milliseconds. One case is slower: a network that
+// fails silently, closing no socket, keeps the lock until the server notices
+// the connection is gone (its tcp_keepalives_* settings, or
+// idle_in_transaction_session_timeout).
+//
+// Deadlocks (two transactions each waiting for a row the other holds) are
+// detected by the server, which fails one of them (SQLSTATE 40P01); a
+// serialization failure (40001) is the same under REPEATABLE READ. Where the
+// locker owns the transaction it rolls back and runs the whole transaction
+// again under [contend.Retry], so fn may run more than once: keep effects
+// outside the database out of it, or make them idempotent. Inside a
+// transaction the caller owns, the error is returned, matching
+// [contend.ErrConflict], for the caller to run its transaction again.
+//
+// # Whose transaction
+//
+// Built on a pool, a locker begins, commits and rolls back a transaction per
+// call, unless ctx already carries one (fn of another SQL guard, or of an
+// outer call): then it joins it, so nested locks share one transaction and
+// the server sees, and can break, any deadlock between them. Built on a
+// caller's [*sql.Tx], it only locks and runs fn there; the caller commits.
+//
+// # Why FOR NO KEY UPDATE
+//
+// The default lock, [ForNoKeyUpdate], keeps out every other writer and
+// locker of the row, but not an insert elsewhere of a row that references
+// it by foreign key. Plain FOR UPDATE also blocks those inserts (they take a
+// FOR KEY SHARE lock on the referenced row), so locking a product would stop
+// every order line for it. Use [ForUpdate] when fn deletes the row or changes
+// its key.
+//
+// # Errors
+//
+// A lock that was not had is an error matching [contend.ErrConflict]: the row
+// is held under NoWait or SkipLocked, or the wait outlasted
+// [Config.LockTimeout], or a deadlock could not be retried. A key without a
+// row is [contend.ErrNotFound], never a lost race: "no such product" is not
+// "sold out". PostgreSQL reports NOWAIT and lock_timeout with one code
+// (55P03), and a client's cancel and statement_timeout with another (57014),
+// so they are told apart by what was sent and by checking ctx first: an ended
+// ctx gives ctx's error, whatever the server said; a statement_timeout is a
+// backend error. The server's own error stays reachable with [errors.As].
+//
+// # Limits
+//
+//   - Every waiter holds a database connection while it waits, and the
+//     holder keeps its own for fn's whole run. A hot row with many waiters
+//     can take the whole pool; size it, bound waits with ctx or
+//     [Config.LockTimeout], or fail fast with [NoWait].
+//   - fn must use the transaction it is given, never the pool: a statement
+//     on the pool runs outside the transaction (committing even when the
+//     transaction rolls back), and if it touches a row the transaction
+//     locked, it waits for its own goroutine's lock forever. The server sees
+//     two unrelated sessions, not a deadlock; once every pooled connection is
+//     stuck like this, the service stops.
+//   - A hot row serialises its writers: throughput is one transaction at a
+//     time, each as long as fn. When one key takes more traffic than that,
+//     put the rule in one statement (package atomic) or stop contending
+//     (package queue). Keep fn short, and never wait for a user or a remote
+//     call while holding the lock.
+//   - Lock order across calls is the caller's business: LockMany orders the
+//     rows of one call, but nested Lock calls take rows in the order they
+//     run. The server breaks the resulting deadlocks (after its
+//     deadlock_timeout, 1s by default) and the locker retries, but each costs
+//     that wait.
+//
+// Do not use it when the rule fits in one conditional statement (package
+// atomic: no lock held across round trips at all), when conflicts are rare
+// and reads dominate (package optimistic: nothing is held while fn thinks),
+// or when the work is outside the database and cannot be inside a
+// transaction (package distlock).
+//
+// Statements use PostgreSQL's syntax and work with both lib/pq and pgx's
+// stdlib driver.
+package pessimistic

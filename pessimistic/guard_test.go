@@ -1,0 +1,73 @@
+package pessimistic_test
+
+import (
+	"testing"
+
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/guardtest"
+	"github.com/contend/contend/pessimistic"
+)
+
+// lockRows makes the rows the row guard locks, one per key.
+func lockRows(t testing.TB, env guardtest.Env, keys []string) {
+	t.Helper()
+	_, err := env.DB.Exec(`CREATE TABLE locks (id text PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = env.DB.Exec(`INSERT INTO locks (id) SELECT unnest($1::text[])`, pq.Array(keys))
+	require.NoError(t, err)
+}
+
+// The whole Guard contract, per mode: waiting guards must never give up,
+// NOWAIT ones must answer a held key with ErrConflict at once, and both must
+// keep fns for one key from overlapping across processes. Drivers alternate
+// to keep the run short (a suite runs three processes for seconds); SKIP
+// LOCKED answers a held key as NOWAIT does, which TestSkipLocked checks.
+func TestLockerIsAGuard(t *testing.T) {
+	for _, c := range []struct {
+		name, driver string
+		mode         pessimistic.Mode
+	}{
+		{"wait/pgx", "pgx", pessimistic.Wait},
+		{"nowait/postgres", "postgres", pessimistic.NoWait},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			guardtest.Run(t, guardtest.Suite{
+				Driver: c.driver,
+				Setup:  lockRows,
+				New: func(t testing.TB, env guardtest.Env) contend.Guard {
+					l, err := pessimistic.New(env.DB, pessimistic.Config{Table: "locks", Mode: c.mode})
+					require.NoError(t, err)
+					return l
+				},
+				FailFast:  c.mode != pessimistic.Wait,
+				Exclusive: true,
+			})
+		})
+	}
+}
+
+func TestAdvisoryIsAGuard(t *testing.T) {
+	for _, c := range []struct {
+		name, driver string
+		mode         pessimistic.Mode
+	}{
+		{"wait/postgres", "postgres", pessimistic.Wait},
+		{"try/pgx", "pgx", pessimistic.NoWait},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			guardtest.Run(t, guardtest.Suite{
+				Driver: c.driver,
+				New: func(t testing.TB, env guardtest.Env) contend.Guard {
+					a, err := pessimistic.NewAdvisory(env.DB, pessimistic.AdvisoryConfig{Mode: c.mode})
+					require.NoError(t, err)
+					return a
+				},
+				FailFast:  c.mode == pessimistic.NoWait,
+				Exclusive: true,
+			})
+		})
+	}
+}

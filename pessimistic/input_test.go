@@ -1,0 +1,91 @@
+package pessimistic_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/pessimistic"
+)
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "postgres")
+	products(t, db, 1, "p")
+	for name, cfg := range map[string]pessimistic.Config{
+		"no table":          {},
+		"injected table":    {Table: "products; DROP TABLE products"},
+		"quoted key column": {Table: "products", KeyColumn: `id" = id OR "id`},
+		"spaced key column": {Table: "products", KeyColumn: "id or 1=1"},
+		"three-part name":   {Table: "a.b.products"},
+		"leading digit":     {Table: "1products"},
+		"unknown strength":  {Table: "products", Strength: 7},
+		"unknown mode":      {Table: "products", Mode: -1},
+		"negative timeout":  {Table: "products", LockTimeout: -time.Second},
+	} {
+		_, err := pessimistic.New(db, cfg)
+		require.ErrorIs(t, err, contend.ErrInvalid, name)
+	}
+	_, err := pessimistic.New(nil, pessimistic.Config{Table: "products"})
+	require.ErrorIs(t, err, contend.ErrInvalid, "nil db")
+
+	for name, cfg := range map[string]pessimistic.AdvisoryConfig{
+		"skip locked":      {Mode: pessimistic.SkipLocked},
+		"unknown mode":     {Mode: 9},
+		"negative timeout": {LockTimeout: -time.Millisecond},
+	} {
+		_, err := pessimistic.NewAdvisory(db, cfg)
+		require.ErrorIs(t, err, contend.ErrInvalid, name)
+	}
+	_, err = pessimistic.NewAdvisory(nil, pessimistic.AdvisoryConfig{})
+	require.ErrorIs(t, err, contend.ErrInvalid, "nil db")
+
+	// A well-formed name that does not exist is the server's error, at the
+	// first lock (New does no I/O), and not mistaken for a lost race.
+	l, err := pessimistic.New(db, pessimistic.Config{Table: "nosuchtable"})
+	require.NoError(t, err)
+	err = l.Do(t.Context(), "p", func(context.Context) error { return nil })
+	require.ErrorContains(t, err, "nosuchtable")
+	require.NotErrorIs(t, err, contend.ErrConflict)
+	require.NotErrorIs(t, err, contend.ErrNotFound)
+
+	require.Equal(t, 1, stockOf(t, db, "p"), "the injection attempts reached nothing")
+}
+
+func TestCallsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	products(t, db, 1, "p")
+	l := newLocker(t, db, pessimistic.Config{})
+	a := advisory(t, db, pessimistic.AdvisoryConfig{})
+	ctx := t.Context()
+	ran := false
+	fn := func(context.Context) error { ran = true; return nil }
+	txFn := func(context.Context, contend.DBTX) error { ran = true; return nil }
+	manyFn := func(context.Context, contend.DBTX, []string) error { ran = true; return nil }
+
+	for name, err := range map[string]error{
+		"Do empty key":            l.Do(ctx, "", fn),
+		"Do nil fn":               l.Do(ctx, "p", nil),
+		"Lock empty key":          l.Lock(ctx, "", txFn),
+		"Lock nil fn":             l.Lock(ctx, "p", nil),
+		"LockMany no keys":        l.LockMany(ctx, nil, manyFn),
+		"LockMany empty key":      l.LockMany(ctx, []string{"p", ""}, manyFn),
+		"LockMany nil fn":         l.LockMany(ctx, []string{"p"}, nil),
+		"Claim zero":              l.Claim(ctx, 0, manyFn),
+		"Claim negative":          l.Claim(ctx, -1, manyFn),
+		"Claim nil fn":            l.Claim(ctx, 1, nil),
+		"advisory Do empty key":   a.Do(ctx, "", fn),
+		"advisory Do nil fn":      a.Do(ctx, "k", nil),
+		"advisory Lock empty key": a.Lock(ctx, "", txFn),
+		"advisory Lock nil fn":    a.Lock(ctx, "k", nil),
+	} {
+		require.ErrorIs(t, err, contend.ErrInvalid, name)
+	}
+	require.False(t, ran)
+	requireFree(t, db, "p")
+}

@@ -1,0 +1,182 @@
+package pessimistic
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqlerr"
+	"github.com/contend/contend/internal/txn"
+)
+
+// Mode says what a lock does when another transaction holds it.
+type Mode int
+
+const (
+	// Wait queues behind the holder until it commits or rolls back, until
+	// the lock timeout passes, or until ctx ends. The default.
+	Wait Mode = iota
+	// NoWait gives up at once with an error matching [contend.ErrConflict]
+	// (SQL NOWAIT). The server reports it as an error, which aborts the
+	// transaction: inside a caller's transaction, the caller must roll back.
+	NoWait
+	// SkipLocked leaves held rows out instead of waiting for them (SQL SKIP
+	// LOCKED), so workers taking rows from one table never queue behind each
+	// other: see [Locker.Claim]. A single held row gives
+	// [contend.ErrConflict], without aborting the transaction. Rows only;
+	// advisory locks have no such mode.
+	SkipLocked
+)
+
+// String returns the mode as SQL spells it, or "wait".
+func (m Mode) String() string {
+	switch m {
+	case Wait:
+		return "wait"
+	case NoWait:
+		return "NOWAIT"
+	case SkipLocked:
+		return "SKIP LOCKED"
+	}
+	return "Mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// runner is what a [Locker] and an [Advisory] share: where transactions come
+// from, how they run, and how a failed lock is told apart from a caller who
+// gave up.
+type runner struct {
+	db      contend.DBTX
+	opts    txn.Options
+	mode    Mode
+	timeout time.Duration // 0: the server's lock_timeout applies
+	// setTimeout is "SET LOCAL lock_timeout = <ms>", "" without a timeout.
+	setTimeout string
+}
+
+func newRunner(db contend.DBTX, mode Mode, timeout time.Duration, isolation sql.IsolationLevel, retry contend.Retry) (runner, error) {
+	if db == nil {
+		return runner{}, fmt.Errorf("pessimistic: nil db: %w", contend.ErrInvalid)
+	}
+	if timeout < 0 {
+		return runner{}, fmt.Errorf("pessimistic: lock timeout %v is negative: %w", timeout, contend.ErrInvalid)
+	}
+	r := runner{db: db, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry}}
+	if isolation != sql.LevelDefault {
+		r.opts.Tx = &sql.TxOptions{Isolation: isolation}
+	}
+	if timeout > 0 {
+		// PostgreSQL counts lock_timeout in whole milliseconds, and 0 turns
+		// it off: round up, so a tiny timeout stays a timeout.
+		r.setTimeout = "SET LOCAL lock_timeout = " + strconv.FormatInt(timeoutMillis(timeout), 10)
+	}
+	return r, nil
+}
+
+func timeoutMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// run takes the lock with lock, then runs fn, both in one transaction: the
+// one ctx carries when the locker works on a pool (a nested call joins the
+// transaction of the call around it, so the server sees every lock of the
+// caller in one transaction and can detect a deadlock between them), the one
+// the locker was built on, or else a new one of its own, retried from the
+// start on deadlock and serialization failure. what names the locked keys
+// in errors; it is called only when there is an error to report.
+func (r *runner) run(ctx context.Context, what func() string, lock, fn func(context.Context, contend.DBTX) error) error {
+	db := r.db
+	if _, ok := db.(txn.Beginner); ok {
+		db = contend.Querier(ctx, db)
+	}
+	_, owned := db.(txn.Beginner)
+	_, err := txn.Run(ctx, db, r.opts, func(ctx context.Context, tx contend.DBTX) error {
+		if err := r.lock(ctx, tx, owned, lock); err != nil {
+			return r.classify(ctx, what, err)
+		}
+		return fn(ctx, tx)
+	})
+	if err != nil && sqlerr.Retryable(err) && !errors.Is(err, contend.ErrConflict) && context.Cause(ctx) == nil {
+		// fn's own statement was the deadlock victim (or, in a transaction
+		// not ours, any statement was): the transaction is aborted and only
+		// running it again from the start can succeed. When ctx ended, the
+		// caller gave up, and the error already says so.
+		err = fmt.Errorf("pessimistic: %s: transaction must be run again: %w (%w)", what(), contend.ErrConflict, err)
+	}
+	return err
+}
+
+// lock runs lock under the configured lock timeout. In a transaction of its
+// own the timeout is set for the whole transaction, fn's statements included;
+// in a caller's transaction it covers this lock only and the caller's setting
+// is put back after it, so the locker leaves no setting behind in a
+// transaction it does not own.
+func (r *runner) lock(ctx context.Context, tx contend.DBTX, owned bool, lock func(context.Context, contend.DBTX) error) error {
+	if r.setTimeout == "" {
+		return lock(ctx, tx)
+	}
+	if owned {
+		if _, err := tx.ExecContext(ctx, r.setTimeout); err != nil {
+			return fmt.Errorf("set lock_timeout: %w", err)
+		}
+		return lock(ctx, tx)
+	}
+	var prev, set string
+	err := tx.QueryRowContext(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`,
+		strconv.FormatInt(timeoutMillis(r.timeout), 10)).Scan(&prev, &set)
+	if err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	if err := lock(ctx, tx); err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, prev); err != nil {
+		return fmt.Errorf("restore lock_timeout: %w", err)
+	}
+	return nil
+}
+
+// classify turns a failed lock into the error the caller branches on.
+//
+// PostgreSQL reports NOWAIT and lock_timeout alike (55P03), and a client's
+// cancel and statement_timeout alike (57014), so the code alone cannot say
+// whether the race was lost or the caller gave up: ctx is checked first (an
+// ended ctx is the caller giving up, whatever the server said), and a 55P03
+// is then a lost race because this locker sent NOWAIT or a lock timeout (or
+// the server has a lock_timeout of its own configured). A 57014 with ctx alive
+// is a statement_timeout: a backend error, not a lost race.
+func (r *runner) classify(ctx context.Context, what func() string, err error) error {
+	if errors.Is(err, contend.ErrNotFound) || errors.Is(err, contend.ErrConflict) {
+		// The lock statement ran and answered: no row, or held under SKIP
+		// LOCKED. ctx does not change that answer.
+		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
+	}
+	if cerr := context.Cause(ctx); cerr != nil {
+		if errors.Is(err, cerr) {
+			return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
+		}
+		return fmt.Errorf("pessimistic: lock %s: %w (%w)", what(), cerr, err)
+	}
+	var why string
+	switch sqlerr.Code(err) {
+	case sqlerr.LockNotAvailable:
+		switch {
+		case r.mode == NoWait:
+			why = "held by another transaction (NOWAIT)"
+		case r.timeout > 0:
+			why = "still held after the lock timeout of " + r.timeout.String()
+		default:
+			why = "not available within the server's lock_timeout"
+		}
+	case sqlerr.DeadlockDetected:
+		why = "deadlock, the transaction must be run again"
+	case sqlerr.SerializationFailure:
+		why = "serialization failure, the transaction must be run again"
+	default:
+		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
+	}
+	return fmt.Errorf("pessimistic: lock %s: %s: %w (%w)", what(), why, contend.ErrConflict, err)
+}
