@@ -11,6 +11,7 @@ import (
 
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 )
 
 // Benchmarks pair each library call with `raw`, the bare statement through
@@ -19,23 +20,6 @@ import (
 // as a ratio. 16 goroutines (8 per core) share the pool.
 
 const benchParallelism = 8
-
-var spreadKeys = func() []string {
-	ks := make([]string, 1000)
-	for i := range ks {
-		ks[i] = "p" + strconv.Itoa(i)
-	}
-	return ks
-}()
-
-// workloads are the key choices: one hot row, or 1000 rows picked at random.
-var workloads = []struct {
-	name string
-	key  func() string
-}{
-	{"hot", func() string { return "hot" }},
-	{"spread", func() string { return spreadKeys[rand.IntN(len(spreadKeys))] }},
-}
 
 func BenchmarkUpdate(b *testing.B) {
 	for _, impl := range []struct {
@@ -55,18 +39,18 @@ func BenchmarkUpdate(b *testing.B) {
 		}},
 	} {
 		b.Run(impl.name, func(b *testing.B) {
-			for _, w := range workloads {
-				b.Run(w.name, func(b *testing.B) {
+			for _, w := range workload.Choices() {
+				b.Run(w.Name, func(b *testing.B) {
 					for _, driver := range testserver.Drivers {
 						b.Run("driver="+driver, func(b *testing.B) {
 							db := testserver.DB(b, driver)
-							products(b, db, 1<<40, append([]string{"hot"}, spreadKeys...)...)
+							workload.Products(b, db, 1<<40, w.Keys...)
 							ctx := context.Background()
 							b.SetParallelism(benchParallelism)
 							b.ResetTimer()
 							b.RunParallel(func(pb *testing.PB) {
 								for pb.Next() {
-									if err := impl.update(ctx, db, w.key()); err != nil {
+									if err := impl.update(ctx, db, w.Pick()); err != nil {
 										b.Error(err)
 										return
 									}
@@ -117,12 +101,12 @@ func BenchmarkClaimRelease(b *testing.B) {
 		}},
 	} {
 		b.Run(impl.name, func(b *testing.B) {
-			for _, w := range workloads {
-				b.Run(w.name, func(b *testing.B) {
+			for _, w := range workload.Choices() {
+				b.Run(w.Name, func(b *testing.B) {
 					for _, driver := range testserver.Drivers {
 						b.Run("driver="+driver, func(b *testing.B) {
 							db := testserver.DB(b, driver)
-							bots(b, db, append([]string{"hot"}, spreadKeys...)...)
+							bots(b, db, w.Keys...)
 							op := impl.new(b, db)
 							ctx := context.Background()
 							b.SetParallelism(benchParallelism)
@@ -130,7 +114,7 @@ func BenchmarkClaimRelease(b *testing.B) {
 							b.RunParallel(func(pb *testing.PB) {
 								for pb.Next() {
 									token := strconv.FormatUint(rand.Uint64(), 16)
-									if err := op(ctx, w.key(), token); err != nil {
+									if err := op(ctx, w.Pick(), token); err != nil {
 										b.Error(err)
 										return
 									}

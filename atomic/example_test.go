@@ -6,40 +6,16 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
-	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 )
-
-// exampleDB opens a pool on a fresh schema of the test server and returns it
-// with a function that drops the schema again.
-func exampleDB(setup string) (*sqlx.DB, func()) {
-	ctx := context.Background()
-	server, err := testserver.PostgresURL()
-	if err != nil {
-		log.Fatal(err)
-	}
-	schema, url, err := testserver.CreateSchema(ctx, server)
-	if err != nil {
-		log.Fatal(err)
-	}
-	db := sqlx.MustOpen("pgx", url)
-	db.MustExec(setup)
-	return db, func() {
-		db.Close()
-		if err := testserver.DropSchema(ctx, server, schema); err != nil {
-			log.Print(err)
-		}
-	}
-}
 
 // Selling the last item: the stock check is part of the UPDATE, so however
 // many servers run this at once, the database lets exactly as many through as
 // there are items.
 func ExampleUpdate() {
-	db, done := exampleDB(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
+	db, done := workload.Scratch(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
 		INSERT INTO products VALUES ('sku-1', 1)`)
 	defer done()
 	ctx := context.Background()
@@ -60,7 +36,7 @@ func ExampleUpdate() {
 // The first seed's fix: the engine id is made first, claimed into the bot's
 // row only where it is empty, and handed to the engine.
 func ExampleClaimer_Claim() {
-	db, done := exampleDB(`CREATE TABLE bots (id text PRIMARY KEY, engine_id text);
+	db, done := workload.Scratch(`CREATE TABLE bots (id text PRIMARY KEY, engine_id text);
 		INSERT INTO bots VALUES ('bot-1', NULL)`)
 	defer done()
 	ctx := context.Background()
@@ -86,7 +62,7 @@ func ExampleClaimer_Claim() {
 // As a guard, the claimer runs fn only for the caller that won the claim and
 // releases it afterwards, also when fn fails.
 func ExampleClaimer_Do() {
-	db, done := exampleDB(`CREATE TABLE jobs (id text PRIMARY KEY, owner text);
+	db, done := workload.Scratch(`CREATE TABLE jobs (id text PRIMARY KEY, owner text);
 		INSERT INTO jobs VALUES ('nightly-report', NULL)`)
 	defer done()
 	ctx := context.Background()

@@ -6,40 +6,25 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 )
 
 func TestMain(m *testing.M) { testserver.Main(m) }
 
 const decrement = `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`
 
-func products(t testing.TB, db *sqlx.DB, stock int, ids ...string) {
-	t.Helper()
-	_, err := db.Exec(`CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL)`)
-	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO products (id, stock) SELECT unnest($1::text[]), $2`, pq.Array(ids), stock)
-	require.NoError(t, err)
-}
-
-func stockOf(t testing.TB, db *sqlx.DB, id string) int {
-	t.Helper()
-	var n int
-	require.NoError(t, db.Get(&n, `SELECT stock FROM products WHERE id = $1`, id))
-	return n
-}
-
 func TestUpdate(t *testing.T) {
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
-			products(t, db, 1, "p")
+			workload.Products(t, db, 1, "p")
 			ctx := t.Context()
 
 			applied, err := atomic.Update(ctx, db, decrement, "p")
@@ -48,7 +33,7 @@ func TestUpdate(t *testing.T) {
 			applied, err = atomic.Update(ctx, db, decrement, "p")
 			require.NoError(t, err)
 			require.False(t, applied, "sold out is a lost race, not an error")
-			require.Equal(t, 0, stockOf(t, db, "p"))
+			require.EqualValues(t, 0, workload.Stock(t, db, "p"))
 
 			_, err = atomic.Update(ctx, db, `UPDATE nosuchtable SET x = 1`)
 			require.Error(t, err, "backend errors are returned, not taken for a lost race")
@@ -60,7 +45,7 @@ func TestUpdate(t *testing.T) {
 func TestUpdateAcceptsPoolsAndTransactions(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "postgres")
-	products(t, db, 10, "p")
+	workload.Products(t, db, 10, "p")
 	ctx := t.Context()
 
 	sqlTx, err := db.DB.BeginTx(ctx, nil)
@@ -82,13 +67,13 @@ func TestUpdateAcceptsPoolsAndTransactions(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, applied)
 	require.NoError(t, sqlxTx.Commit())
-	require.Equal(t, 7, stockOf(t, db, "p"))
+	require.EqualValues(t, 7, workload.Stock(t, db, "p"))
 }
 
 func TestUpdateN(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
-	products(t, db, 1, "a", "b", "c")
+	workload.Products(t, db, 1, "a", "b", "c")
 	ctx := t.Context()
 	tx, err := db.BeginTxx(ctx, nil)
 	require.NoError(t, err)
@@ -106,7 +91,7 @@ func TestUpdateReturning(t *testing.T) {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
-			products(t, db, 2, "p")
+			workload.Products(t, db, 2, "p")
 			ctx := t.Context()
 			q := decrement + ` RETURNING stock`
 			left := -1
@@ -145,7 +130,7 @@ func TestUpdateUnderContention(t *testing.T) {
 				func() harness.Params {
 					url := testserver.Postgres(t)
 					db = testserver.Open(t, driver, url)
-					products(t, db, stock, "hot")
+					workload.Products(t, db, stock, "hot")
 					// The database enforces "never negative" too, so an
 					// oversell would show up as errors, not pass silently.
 					_, err := db.Exec(`ALTER TABLE products ADD CHECK (stock >= 0)`)
@@ -166,7 +151,7 @@ func TestUpdateUnderContention(t *testing.T) {
 			require.Zero(t, res.Errors, "%v", res.FirstErrors)
 			require.Equal(t, stock, res.Successes)
 			require.Equal(t, 3*64*7-stock, res.Conflicts)
-			require.Equal(t, 0, stockOf(t, db, "hot"))
+			require.EqualValues(t, 0, workload.Stock(t, db, "hot"))
 		})
 	}
 }

@@ -2,8 +2,6 @@ package pessimistic_test
 
 import (
 	"context"
-	"math/rand/v2"
-	"runtime"
 	"strconv"
 	"testing"
 
@@ -13,6 +11,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/pessimistic"
 )
 
@@ -25,22 +24,6 @@ import (
 // sharing a pool of testserver.MaxConns connections. Through pgx.
 
 const bump = `UPDATE counters SET n = n + 1 WHERE id = $1`
-
-var spreadKeys = func() []string {
-	ks := make([]string, 1000)
-	for i := range ks {
-		ks[i] = "c" + strconv.Itoa(i)
-	}
-	return ks
-}()
-
-var workloads = []struct {
-	name string
-	key  func() string
-}{
-	{"hot", func() string { return "hot" }},
-	{"spread", func() string { return spreadKeys[rand.IntN(len(spreadKeys))] }},
-}
 
 func BenchmarkGuard(b *testing.B) {
 	for _, impl := range []struct {
@@ -75,13 +58,13 @@ func BenchmarkGuard(b *testing.B) {
 		}},
 	} {
 		b.Run(impl.name, func(b *testing.B) {
-			for _, w := range workloads {
-				b.Run(w.name, func(b *testing.B) {
+			for _, w := range workload.Choices() {
+				b.Run(w.Name, func(b *testing.B) {
 					for _, workers := range []int{1, 8, 64} {
 						b.Run("workers="+strconv.Itoa(workers), func(b *testing.B) {
-							db := counters(b)
+							db := counters(b, w.Keys)
 							op := impl.new(b, db)
-							inParallel(b, workers, func(ctx context.Context) error { return op(ctx, w.key()) })
+							workload.Parallel(b, workers, func(ctx context.Context) error { return op(ctx, w.Pick()) })
 						})
 					}
 				})
@@ -90,41 +73,12 @@ func BenchmarkGuard(b *testing.B) {
 	}
 }
 
-// counters makes a pool on a fresh schema with the hot row and the spread
-// rows, and keeps every connection it opens: database/sql's default of two
-// idle connections would have the workers open and close connections all
-// the time, and measure that instead.
-func counters(b *testing.B) *sqlx.DB {
+// counters makes a pool on a fresh schema with a counter row per key.
+func counters(b *testing.B, keys []string) *sqlx.DB {
 	db := testserver.DB(b, "pgx")
-	db.SetMaxIdleConns(testserver.MaxConns)
 	_, err := db.Exec(`CREATE TABLE counters (id text PRIMARY KEY, n bigint NOT NULL DEFAULT 0)`)
 	require.NoError(b, err)
-	_, err = db.Exec(`INSERT INTO counters (id) SELECT unnest($1::text[])`, pq.Array(append([]string{"hot"}, spreadKeys...)))
+	_, err = db.Exec(`INSERT INTO counters (id) SELECT unnest($1::text[])`, pq.Array(keys))
 	require.NoError(b, err)
 	return db
-}
-
-// inParallel runs op b.N times from workers goroutines: a plain loop for
-// one, else RunParallel with parallelism ⌈workers / GOMAXPROCS⌉.
-func inParallel(b *testing.B, workers int, op func(ctx context.Context) error) {
-	ctx := context.Background()
-	if workers == 1 {
-		for b.Loop() {
-			if err := op(ctx); err != nil {
-				b.Fatal(err)
-			}
-		}
-		return
-	}
-	procs := runtime.GOMAXPROCS(0)
-	b.SetParallelism((workers + procs - 1) / procs)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if err := op(ctx); err != nil {
-				b.Error(err)
-				return
-			}
-		}
-	})
 }

@@ -7,42 +7,17 @@ import (
 	"log"
 	"sync"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/contend/contend"
-	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/pessimistic"
 )
-
-// exampleDB opens a pool on a fresh schema of the test server and returns it
-// with a function that drops the schema again.
-func exampleDB(setup string) (*sqlx.DB, func()) {
-	ctx := context.Background()
-	server, err := testserver.PostgresURL()
-	if err != nil {
-		log.Fatal(err)
-	}
-	schema, url, err := testserver.CreateSchema(ctx, server)
-	if err != nil {
-		log.Fatal(err)
-	}
-	db := sqlx.MustOpen("pgx", url)
-	db.SetMaxOpenConns(4)
-	db.MustExec(setup)
-	return db, func() {
-		db.Close()
-		if err := testserver.DropSchema(ctx, server, schema); err != nil {
-			log.Print(err)
-		}
-	}
-}
 
 // Three servers sell the last item at once. Each reads the stock, checks it
 // and writes it back, a read-check-write that oversells without a lock; with
 // the row locked first, the others wait, then read the stock the first one
 // left, and exactly one sale goes through.
 func ExampleLocker_Do() {
-	db, done := exampleDB(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
+	db, done := workload.Scratch(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
 		INSERT INTO products VALUES ('sku-1', 1)`)
 	defer done()
 	locker, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
@@ -92,7 +67,7 @@ func ExampleLocker_Do() {
 // one statement, in key order, so a transfer the other way round at the same
 // time waits instead of deadlocking.
 func ExampleLocker_LockMany() {
-	db, done := exampleDB(`CREATE TABLE accounts (id text PRIMARY KEY, balance int NOT NULL);
+	db, done := workload.Scratch(`CREATE TABLE accounts (id text PRIMARY KEY, balance int NOT NULL);
 		INSERT INTO accounts VALUES ('alice', 100), ('bob', 20)`)
 	defer done()
 	ctx := context.Background()
@@ -137,7 +112,7 @@ func ExampleLocker_LockMany() {
 // other workers hold, and marks them done in the same transaction, so a
 // worker that dies mid-batch puts its jobs back.
 func ExampleLocker_Claim() {
-	db, done := exampleDB(`CREATE TABLE jobs (id text PRIMARY KEY, done boolean NOT NULL DEFAULT false);
+	db, done := workload.Scratch(`CREATE TABLE jobs (id text PRIMARY KEY, done boolean NOT NULL DEFAULT false);
 		INSERT INTO jobs (id) VALUES ('job-1'), ('job-2'), ('job-3')`)
 	defer done()
 	ctx := context.Background()
@@ -174,7 +149,7 @@ func ExampleLocker_Claim() {
 // first; there is no row to lock before it exists. An advisory lock on the
 // period's name keeps the others out while the first one works.
 func ExampleAdvisory_Do() {
-	db, done := exampleDB(`CREATE TABLE reports (period text PRIMARY KEY)`)
+	db, done := workload.Scratch(`CREATE TABLE reports (period text PRIMARY KEY)`)
 	defer done()
 	guard, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
 	if err != nil {

@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/pessimistic"
 )
 
@@ -20,17 +20,12 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 // products is the oversell story's table: one row per item and its stock.
 func products(t testing.TB, db *sqlx.DB, stock int, ids ...string) {
 	t.Helper()
-	_, err := db.Exec(`CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL)`)
-	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO products (id, stock) SELECT unnest($1::text[]), $2`, pq.Array(ids), stock)
-	require.NoError(t, err)
+	workload.Products(t, db, int64(stock), ids...)
 }
 
 func stockOf(t testing.TB, db *sqlx.DB, id string) int {
 	t.Helper()
-	var n int
-	require.NoError(t, db.Get(&n, `SELECT stock FROM products WHERE id = $1`, id))
-	return n
+	return int(workload.Stock(t, db, id))
 }
 
 // newLocker makes a locker on db; the table defaults to products.

@@ -1,0 +1,124 @@
+// Package workload holds what every strategy's tests, examples and benchmarks
+// run against: the chapter's products table and the two key choices, one hot
+// key or many spread keys.
+package workload
+
+import (
+	"context"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"github.com/contend/contend/internal/testserver"
+)
+
+// Hot is the key of the one row every worker fights over.
+const Hot = "hot"
+
+// Keys returns n keys: prefix followed by 0 to n-1.
+func Keys(prefix string, n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = prefix + strconv.Itoa(i)
+	}
+	return ks
+}
+
+// A Choice picks the key of each operation.
+type Choice struct {
+	Name string
+	Keys []string // every key the choice can pick: create a row for each
+	Pick func() string
+}
+
+// Choices are the benchmarks' workloads: "hot", one key; "spread", 1000 keys
+// picked at random.
+func Choices() []Choice {
+	spread := Keys("k", 1000)
+	return []Choice{
+		{Name: "hot", Keys: []string{Hot}, Pick: func() string { return Hot }},
+		{Name: "spread", Keys: spread, Pick: func() string { return spread[rand.IntN(len(spread))] }},
+	}
+}
+
+// ProductsTable creates the products table: one row per id holding stock.
+func ProductsTable(ctx context.Context, db *sqlx.DB, stock int64, ids ...string) error {
+	if _, err := db.ExecContext(ctx, `CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL)`); err != nil {
+		return err
+	}
+	_, err := db.ExecContext(ctx, `INSERT INTO products (id, stock) SELECT unnest($1::text[]), $2`, pq.Array(ids), stock)
+	return err
+}
+
+// Products creates the products table for t.
+func Products(t testing.TB, db *sqlx.DB, stock int64, ids ...string) {
+	t.Helper()
+	if err := ProductsTable(t.Context(), db, stock, ids...); err != nil {
+		t.Fatalf("workload: products: %v", err)
+	}
+}
+
+// Stock returns id's stock.
+func Stock(t testing.TB, db *sqlx.DB, id string) int64 {
+	t.Helper()
+	var n int64
+	if err := db.Get(&n, `SELECT stock FROM products WHERE id = $1`, id); err != nil {
+		t.Fatalf("workload: stock of %s: %v", id, err)
+	}
+	return n
+}
+
+// Scratch opens a pool on a fresh schema of the test server, runs setup in
+// it, and returns the pool with a function that closes it and drops the
+// schema. It is for Example functions, which have no *testing.T; it panics
+// when no server can be had.
+func Scratch(setup string) (*sqlx.DB, func()) {
+	ctx := context.Background()
+	server, err := testserver.PostgresURL()
+	if err != nil {
+		panic(err)
+	}
+	schema, url, err := testserver.CreateSchema(ctx, server)
+	if err != nil {
+		panic(err)
+	}
+	db := sqlx.MustOpen("pgx", url)
+	db.SetMaxOpenConns(4)
+	db.MustExec(setup)
+	return db, func() {
+		db.Close()
+		if err := testserver.DropSchema(ctx, server, schema); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// Parallel runs op b.N times from workers goroutines: a plain loop for one,
+// else RunParallel with parallelism ⌈workers / GOMAXPROCS⌉ (so workers is
+// rounded up to a multiple of GOMAXPROCS).
+func Parallel(b *testing.B, workers int, op func(ctx context.Context) error) {
+	ctx := context.Background()
+	if workers <= 1 {
+		for b.Loop() {
+			if err := op(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		return
+	}
+	procs := runtime.GOMAXPROCS(0)
+	b.SetParallelism((workers + procs - 1) / procs)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if err := op(ctx); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
