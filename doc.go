@@ -38,12 +38,16 @@
 // Every strategy package offers a [Guard] beside its own, more direct API.
 // They differ as follows.
 //
-//	guard              waits or fails fast   fn may run twice   holds across processes   when the holder dies
-//	atomic.Claimer     fails fast            no                 yes (a row)              claim stays; with a lease column it expires
-//	pessimistic        waits (or NOWAIT)     on deadlock retry  yes (a row lock)         lock ends with its connection
-//	optimistic         never waits           yes (retries)      yes (a version)          nothing is held
-//	distlock           fails fast or waits   no                 yes (a Redis lease)      lease expires after its TTL
-//	queue (in memory)  queues                no                 no, one process only     jobs die with the process
+//	guard                 waits or fails fast        fn may run twice    holds across processes  when the holder dies
+//	atomic.Claimer        fails fast                 no                  yes (a row)             claim stays; with a lease column it expires
+//	pessimistic.Locker    waits, or NOWAIT fails     on deadlock retry   yes (a row lock)        lock ends with its connection, at once
+//	pessimistic.Advisory  waits, or try fails        on deadlock retry   yes (an advisory lock)  lock ends with its connection, at once
+//	optimistic.Guard      takes no lock, retries     yes (losers rerun)  yes (a version)         nothing is held
+//	distlock              fails fast or waits        no                  yes (a Redis lease)     lease expires after its TTL
+//	queue (in memory)     queues                     no                  no, one process only    jobs die with the process
+//
+// The optimistic guard takes no lock before fn, but its final version check
+// still waits briefly for a concurrent attempt that is committing the same row.
 //
 // Lock-based guards (the claimer, pessimistic, distlock, the in-memory queue)
 // keep fn exclusive: no two fns for one key overlap. The optimistic guard lets

@@ -23,6 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,7 +61,12 @@ type Suite struct {
 	// once; the others wait for it until ctx ends.
 	FailFast bool
 	// Exclusive is true for lock-based guards: no two fns for one key overlap.
+	// A guard that is neither exclusive nor fail-fast is optimistic: fns
+	// overlap and the loser of a commit runs again.
 	Exclusive bool
+	// Ops is how many calls each goroutine makes in the contention runs.
+	// Default: 24.
+	Ops int
 }
 
 // counterTable holds the counters fn increments.
@@ -67,12 +74,15 @@ const counterTable = "guardtest_counters"
 
 // Run checks s's guard against the whole contract, in subtests.
 func Run(t *testing.T, s Suite) {
+	if s.Ops <= 0 {
+		s.Ops = 24
+	}
 	t.Run("no_lost_update/goroutines", func(t *testing.T) {
-		rep := Contend(t, s, harness.Config{Goroutines: 16, Ops: 24, Keys: keys(3)})
+		rep := Contend(t, s, harness.Config{Goroutines: 16, Ops: s.Ops, Keys: keys(3)})
 		rep.RequireHeld(t, s)
 	})
 	t.Run("no_lost_update/processes", func(t *testing.T) {
-		rep := Contend(t, s, harness.Config{Processes: 3, Goroutines: 16, Ops: 24, Keys: keys(3)})
+		rep := Contend(t, s, harness.Config{Processes: 3, Goroutines: 16, Ops: s.Ops, Keys: keys(3)})
 		rep.RequireHeld(t, s)
 	})
 	t.Run("returns_fn_error", func(t *testing.T) {
@@ -194,10 +204,15 @@ func requireFree(t *testing.T, g contend.Guard, key string) {
 func lostRace(t *testing.T, s Suite) {
 	g, k := build(t, s)
 	inside, leave := make(chan struct{}), make(chan struct{})
-	holderErr := make(chan error, 1)
+	var (
+		entered    sync.Once // an optimistic guard runs the holder's fn again
+		holderRuns atomic.Int32
+		holderErr  = make(chan error, 1)
+	)
 	go func() {
 		holderErr <- g.Do(t.Context(), k, func(context.Context) error {
-			close(inside)
+			holderRuns.Add(1)
+			entered.Do(func() { close(inside) })
 			<-leave
 			return nil
 		})
@@ -209,20 +224,31 @@ func lostRace(t *testing.T, s Suite) {
 	}
 
 	ran := false
-	if s.FailFast {
+	switch {
+	case s.FailFast:
 		err := g.Do(t.Context(), k, func(context.Context) error { ran = true; return nil })
 		require.ErrorIs(t, err, contend.ErrConflict)
 		require.ErrorContains(t, err, k, "the conflict names its key")
-	} else {
+		require.False(t, ran, "fn ran while another held the key")
+	case s.Exclusive:
 		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 		err := g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.False(t, ran, "fn ran while another held the key")
+	default:
+		// Nothing is held: the second caller runs and commits at once, and
+		// the holder's commit must then notice the version moved.
+		err := g.Do(t.Context(), k, func(context.Context) error { ran = true; return nil })
+		require.NoError(t, err)
+		require.True(t, ran)
 	}
-	require.False(t, ran, "fn ran while another held the key")
 
 	close(leave)
 	require.NoError(t, <-holderErr)
+	if !s.Exclusive && !s.FailFast {
+		require.EqualValues(t, 2, holderRuns.Load(), "the holder's fn must run again after another caller committed")
+	}
 	requireFree(t, g, k)
 }
 

@@ -1,0 +1,141 @@
+package optimistic
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqlident"
+)
+
+// Config names the table and columns a [Store] or a [Guard] works on and
+// says how often they retry. Names are validated and quoted at construction;
+// keys and values are only ever bind parameters.
+type Config struct {
+	// Table holds one row per key. It may be schema-qualified
+	// ("app.accounts"). Required.
+	Table string
+	// KeyColumn identifies the row and must be unique: [Store.Insert] relies
+	// on a unique index (or primary key) on it alone. Default: "id".
+	KeyColumn string
+	// VersionColumn is an integer column (bigint is best) that every write
+	// through a Store or Guard increments, and that each of them checks
+	// against the value it read. It must not be NULL. Default: "version".
+	VersionColumn string
+	// Retry bounds how often [Store.Update] and [Guard.Do] run again after
+	// they lost a race (the version moved between their read and their
+	// write), and how long they wait in between. The zero value is
+	// contend.Retry's defaults: 10 attempts, full jitter from 2ms up to
+	// 500ms.
+	Retry contend.Retry
+	// Observe, when set, is called once at the end of every [Store.Update]
+	// and [Guard.Do] with the key, the number of attempts made (each one a
+	// read, a run of fn and a version-checked write; 1 when nobody raced)
+	// and the error returned, so callers can see how contended their keys
+	// are and tune Retry (a histogram of attempts per key, say). It runs on
+	// the caller's goroutine after the operation, for every goroutine using
+	// the Store or Guard; keep it quick and safe for concurrent use.
+	// Default: nil.
+	Observe func(key any, attempts int, err error)
+}
+
+// Defaults of [Config].
+const (
+	DefaultKeyColumn     = "id"
+	DefaultVersionColumn = "version"
+)
+
+// names is a Config's identifiers, validated and quoted.
+type names struct {
+	table, key, version string
+}
+
+func (c Config) names() (names, error) {
+	if c.KeyColumn == "" {
+		c.KeyColumn = DefaultKeyColumn
+	}
+	if c.VersionColumn == "" {
+		c.VersionColumn = DefaultVersionColumn
+	}
+	if c.KeyColumn == c.VersionColumn {
+		return names{}, fmt.Errorf("optimistic: key and version are both column %q: %w", c.KeyColumn, contend.ErrInvalid)
+	}
+	var n names
+	var err error
+	if n.table, err = sqlident.Quote("optimistic: table", c.Table); err != nil {
+		return names{}, err
+	}
+	if n.key, err = sqlident.Quote("optimistic: key column", c.KeyColumn); err != nil {
+		return names{}, err
+	}
+	if n.version, err = sqlident.Quote("optimistic: version column", c.VersionColumn); err != nil {
+		return names{}, err
+	}
+	return n, nil
+}
+
+// errMoved is an attempt's "the version moved under me": the signal to read
+// again and retry. It never leaves the package; callers get
+// [contend.ErrConflict] once the attempts run out.
+var errMoved = errors.New("optimistic: version moved")
+
+// conflictOrGone tells apart the two reasons a version-checked statement
+// affects no row: the row has another version now (a lost race) or it no
+// longer exists. It runs only after the race is lost, so winners never pay
+// for it.
+func conflictOrGone(ctx context.Context, q contend.DBTX, probeSQL, op string, key any, version int64) error {
+	var now int64
+	switch err := scanRow(ctx, q, probeSQL, []any{key}, &now); {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("optimistic: %s %v: %w", op, key, contend.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("optimistic: %s %v: version %d is stale, and reading the current one failed: %w",
+			op, key, version, errors.Join(contend.ErrConflict, err))
+	default:
+		return fmt.Errorf("optimistic: %s %v: version %d is stale (now %d): %w", op, key, version, now, contend.ErrConflict)
+	}
+}
+
+func checkKey(op string, key any) error {
+	if key == nil {
+		return fmt.Errorf("optimistic: %s: nil key: %w", op, contend.ErrInvalid)
+	}
+	if s, ok := key.(string); ok && s == "" {
+		return fmt.Errorf("optimistic: %s: empty key: %w", op, contend.ErrInvalid)
+	}
+	return nil
+}
+
+// scanRow runs a query that returns at most one row and scans it into dest.
+func scanRow(ctx context.Context, q contend.DBTX, query string, args []any, dest ...any) error {
+	return preferCtx(ctx, q.QueryRowContext(ctx, query, args...).Scan(dest...))
+}
+
+// execApplied runs a statement and reports whether it affected exactly one
+// row.
+func execApplied(ctx context.Context, q contend.DBTX, query string, args ...any) (bool, error) {
+	res, err := q.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, preferCtx(ctx, err)
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// preferCtx makes a statement's failure match ctx's error when ctx has
+// ended. Drivers report a statement that ctx cut short in their own ways:
+// pgx's stdlib says driver.ErrBadConn when ctx ended before the statement was
+// sent (database/sql retries that on a pool, not on a *sql.Conn or a
+// transaction), and a transaction that database/sql rolled back on ctx's end
+// says sql.ErrTxDone. Callers match ctx's error, whichever it was.
+func preferCtx(ctx context.Context, err error) error {
+	if err == nil || errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
+	if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w (%w)", cerr, err)
+	}
+	return err
+}

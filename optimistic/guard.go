@@ -1,0 +1,150 @@
+package optimistic
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/txn"
+)
+
+// A Guard runs fn for a key inside a transaction that commits only if the
+// key's version did not move while fn ran, bumping it; otherwise it rolls fn's
+// writes back and runs fn again, in a fresh transaction, under
+// [Config.Retry]. The table needs only the key and version columns (the
+// guarded state may live in other rows and tables), but every writer of the
+// state a key stands for must go through the guard or a [Store] on that
+// table, so that each of its writes bumps the version.
+//
+// The promise: the writes fn makes through the guard's transaction
+// ([contend.Querier]) commit only if nothing else committed a write for the
+// key since fn's attempt began, so no update is lost, across goroutines and
+// processes. Nothing is locked while fn runs, so fns for one key overlap, and
+// fn may run more than once per Do: everything fn does outside the
+// transaction (a call to another service, an email, a log line, a write on
+// another connection) happens once per attempt and is not rolled back. Keep
+// such effects out of fn, or make them idempotent.
+//
+// Do takes no lock before fn: callers of one key do not queue, they race, and
+// a lost race costs a retry, with backoff. (Statements still wait for row
+// locks, as every write does: a write to a row that another attempt has
+// written waits until that transaction ends, and the version check waits for
+// an attempt that is committing.) Under heavy contention on one key most
+// attempts lose; see the package doc for when to lock instead.
+//
+// A Guard is safe for simultaneous use by multiple goroutines. It never
+// closes the db it was given.
+type Guard struct {
+	db      contend.DBTX
+	opts    txn.Options
+	observe func(key any, attempts int, err error)
+
+	readSQL string // $1 key → version
+	bumpSQL string // $1 key, $2 version
+}
+
+var _ contend.Guard = (*Guard)(nil)
+
+// NewGuard validates cfg and builds the guard's statements. It fails with an
+// error matching [contend.ErrInvalid] when db is nil or a name is not a plain
+// identifier. db should be a pool (anything with BeginTx): on a transaction,
+// Do runs fn once inside it and leaves retrying to its owner.
+func NewGuard(db contend.DBTX, cfg Config) (*Guard, error) {
+	if db == nil {
+		return nil, fmt.Errorf("optimistic: nil db: %w", contend.ErrInvalid)
+	}
+	n, err := cfg.names()
+	if err != nil {
+		return nil, err
+	}
+	return &Guard{
+		db:      db,
+		opts:    txn.Options{Retry: cfg.Retry, Retryable: isMoved},
+		observe: cfg.Observe,
+		readSQL: fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key),
+		bumpSQL: fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = $1 AND %s = $2", n.table, n.version, n.version, n.key, n.version),
+	}, nil
+}
+
+// Do reads key's version, runs fn in a transaction that fn reaches through
+// [contend.Querier], and commits only if the version is still the one read,
+// bumping it. When it moved, Do rolls back and runs fn again in a new
+// transaction, under [Config.Retry].
+//
+// Do returns fn's error unchanged (after rolling back); an error matching
+// [contend.ErrNotFound] when key has no row; an error matching
+// [contend.ErrConflict], naming key, when every attempt lost the race; ctx's
+// error when ctx ends first; or the database's error. A panic in fn rolls back
+// and propagates. Deadlocks and serialization failures run the transaction
+// again too.
+func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
+	if key == "" {
+		return fmt.Errorf("optimistic: do: empty key: %w", contend.ErrInvalid)
+	}
+	if fn == nil {
+		return fmt.Errorf("optimistic: do %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	attempts, err := txn.Run(ctx, g.db, g.opts, func(ctx context.Context, tx contend.DBTX) error {
+		var version int64
+		switch err := scanRow(ctx, tx, g.readSQL, []any{key}, &version); {
+		case errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("optimistic: do %q: %w", key, contend.ErrNotFound)
+		case err != nil:
+			return fmt.Errorf("optimistic: do %q: read version: %w", key, err)
+		}
+		if err := fn(ctx); err != nil {
+			return err
+		}
+		// The check must be the transaction's last statement and must be on
+		// the row every writer of key's state bumps. Under READ COMMITTED it
+		// catches every writer that committed after the read above, which is
+		// all that matters: fn's own reads came after that read, so they saw
+		// whatever committed before it. Such a writer either
+		//   - committed before this UPDATE started: the UPDATE sees the
+		//     bumped version and matches no row;
+		//   - still holds the row when this UPDATE reaches it: the UPDATE
+		//     waits for its lock, and once the writer commits, PostgreSQL
+		//     re-evaluates "version = $2" against the committed row (not the
+		//     snapshot) and matches no row; if the writer rolls back, there
+		//     was nothing to lose;
+		//   - reaches the row after this UPDATE: it waits for this
+		//     transaction's lock and then finds the version this one bumped,
+		//     so it is the one that loses.
+		// Either way exactly one of two transactions that read one version
+		// commits. fn's writes to the same row (if it has state besides the
+		// version) do not hide a conflict: an UPDATE that leaves the version
+		// column alone carries the latest committed version forward.
+		applied, err := execApplied(ctx, tx, g.bumpSQL, key, version)
+		if err != nil {
+			return fmt.Errorf("optimistic: do %q: bump version: %w", key, err)
+		}
+		if !applied {
+			return errMoved
+		}
+		return nil
+	})
+	if err == errMoved {
+		// txn.Run returns the last attempt's error itself when the attempts
+		// ran out (and wraps it when ctx ended first). The row may also have
+		// been deleted while fn ran; that is not a lost race.
+		err = g.conflictOrGone(ctx, key, attempts)
+	}
+	if g.observe != nil {
+		g.observe(key, attempts, err)
+	}
+	return err
+}
+
+func (g *Guard) conflictOrGone(ctx context.Context, key string, attempts int) error {
+	var version int64
+	switch err := scanRow(ctx, g.db, g.readSQL, []any{key}, &version); {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("optimistic: do %q: %w", key, contend.ErrNotFound)
+	case err != nil:
+		return fmt.Errorf("optimistic: do %q: version moved on each of %d attempts, and reading it failed: %w",
+			key, attempts, errors.Join(contend.ErrConflict, err))
+	}
+	return fmt.Errorf("optimistic: do %q: version moved on each of %d attempts: %w", key, attempts, contend.ErrConflict)
+}

@@ -1,0 +1,338 @@
+package optimistic
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+
+	"github.com/contend/contend"
+)
+
+// A Store reads and writes rows of one table as values of the struct type T,
+// checking a version column on every write, so that a write based on a stale
+// read fails instead of overwriting what another writer did in between (the
+// lost update). Nothing is locked: readers never wait, and of two writers
+// that read the same version, the database lets the first through and the
+// second affects no row and is told so.
+//
+// T's columns come from its `db` struct tags, mapped as sqlx maps them (the
+// db's own mapper when db is an sqlx handle; untagged fields map to their
+// lower-cased names, `db:"-"` skips a field). T must have a field for the key
+// column and an integer field for the version column.
+//
+// The method family:
+//   - [Store.Update] is the one most callers want: read, let fn change the
+//     value, write if the version is unchanged, else read again and retry
+//     under [Config.Retry].
+//   - [Store.Save] and [Store.Delete] are compare-and-set on a value the
+//     caller read earlier, for flows where the read and the write are
+//     different requests (the version travels to the client and back). They
+//     never retry: the caller must look at the new state first.
+//   - [Store.Touch] bumps the version of a row read but not changed, so a
+//     decision based on it fails if the row moved meanwhile.
+//   - [Store.Get] and [Store.Insert] read and create rows.
+//
+// After a successful write the caller's value carries the new version, so it
+// can be written again without conflicting with itself. Version 0 is an
+// ordinary version: it is checked like any other.
+//
+// Every method runs its statements on [contend.Querier](ctx, db): inside a
+// guard's transaction (or a context made with [contend.WithQuerier]) they join
+// that transaction and commit or roll back with it.
+//
+// A Store is safe for simultaneous use by multiple goroutines. It never closes
+// the db it was given.
+type Store[T any] struct {
+	db      contend.DBTX
+	m       *mapping
+	retry   contend.Retry
+	observe func(key any, attempts int, err error)
+
+	selectSQL string // $1 key → every column
+	probeSQL  string // $1 key → version
+	insertSQL string // every column, in order
+	updateSQL string // $1 key, $2 version, then the set columns
+	touchSQL  string // $1 key, $2 version
+	deleteSQL string // $1 key, $2 version
+}
+
+// NewStore validates cfg and T's mapping and builds the store's statements.
+// It fails with an error matching [contend.ErrInvalid] when db is nil, T is
+// not a struct, T lacks a field for the key or version column, the version
+// field is not an integer, or a name is not a plain identifier. It sends
+// nothing to the database: a table or column that does not exist shows at the
+// first call.
+func NewStore[T any](db contend.DBTX, cfg Config) (*Store[T], error) {
+	if db == nil {
+		return nil, fmt.Errorf("optimistic: nil db: %w", contend.ErrInvalid)
+	}
+	n, err := cfg.names()
+	if err != nil {
+		return nil, err
+	}
+	keyCol, versionCol := cfg.KeyColumn, cfg.VersionColumn
+	if keyCol == "" {
+		keyCol = DefaultKeyColumn
+	}
+	if versionCol == "" {
+		versionCol = DefaultVersionColumn
+	}
+	m, err := newMapping(reflect.TypeFor[T](), mapperFor(db), keyCol, versionCol)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store[T]{db: db, m: m, retry: cfg.Retry, observe: cfg.Observe}
+
+	all := make([]string, len(m.cols))
+	params := make([]string, len(m.cols))
+	for i, c := range m.cols {
+		all[i] = c.quoted
+		params[i] = fmt.Sprintf("$%d", i+1)
+	}
+	// The version is always part of the SET, and the check is always part of
+	// the WHERE: whichever of two writers that read one version gets the
+	// row's lock first bumps it, and the other, once the first commits,
+	// re-evaluates "version = $2" against the committed row and matches
+	// nothing. A zero version is checked too: skipping the check for it (as
+	// GORM's plugin does for a zero value) lets a fresh, never-read value
+	// overwrite anything.
+	sets := make([]string, 0, len(m.set)+1)
+	for i, c := range m.set {
+		sets = append(sets, fmt.Sprintf("%s = $%d", m.cols[c].quoted, i+3))
+	}
+	sets = append(sets, fmt.Sprintf("%s = %s + 1", n.version, n.version))
+	where := fmt.Sprintf("%s = $1 AND %s = $2", n.key, n.version)
+
+	s.selectSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", strings.Join(all, ", "), n.table, n.key)
+	s.probeSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key)
+	// ON CONFLICT rather than catching 23505: a unique violation aborts the
+	// transaction it happens in, and Insert may run inside a guard's.
+	s.insertSQL = fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO NOTHING",
+		n.table, strings.Join(all, ", "), strings.Join(params, ", "), n.key)
+	s.updateSQL = fmt.Sprintf("UPDATE %s SET %s WHERE %s", n.table, strings.Join(sets, ", "), where)
+	s.touchSQL = fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s", n.table, n.version, n.version, where)
+	s.deleteSQL = fmt.Sprintf("DELETE FROM %s WHERE %s", n.table, where)
+	return s, nil
+}
+
+// Get reads key's row. It returns an error matching [contend.ErrNotFound]
+// when there is none.
+func (s *Store[T]) Get(ctx context.Context, key any) (T, error) {
+	var v T
+	if err := checkKey("get", key); err != nil {
+		return v, err
+	}
+	if err := s.get(ctx, contend.Querier(ctx, s.db), key, &v); err != nil {
+		return v, fmt.Errorf("optimistic: get %v: %w", key, err)
+	}
+	return v, nil
+}
+
+func (s *Store[T]) get(ctx context.Context, q contend.DBTX, key any, v *T) error {
+	err := scanRow(ctx, q, s.selectSQL, []any{key}, s.m.dests(reflect.ValueOf(v).Elem())...)
+	if errors.Is(err, sql.ErrNoRows) {
+		return contend.ErrNotFound
+	}
+	return err
+}
+
+// Insert creates v's row, with v's version as it is (usually 0). It returns an
+// error matching [contend.ErrConflict] when a row with v's key exists already,
+// whatever its content: insert-if-absent, so of concurrent inserts of one key
+// exactly one succeeds.
+func (s *Store[T]) Insert(ctx context.Context, v *T) error {
+	rv, key, err := s.value("insert", v)
+	if err != nil {
+		return err
+	}
+	applied, err := execApplied(ctx, contend.Querier(ctx, s.db), s.insertSQL, s.m.values(rv)...)
+	if err != nil {
+		return fmt.Errorf("optimistic: insert %v: %w", key, err)
+	}
+	if !applied {
+		return fmt.Errorf("optimistic: insert %v: key exists: %w", key, contend.ErrConflict)
+	}
+	return nil
+}
+
+// Update reads key's row, passes it to fn to change, and writes every column
+// back if the row's version is still the one read, bumping it. When the
+// version moved in between, it reads the row again and runs fn again, under
+// [Config.Retry]; fn may therefore run several times and must only change the
+// value it is given. Changes fn makes to the key or version fields are
+// ignored. On a pool, each attempt holds one connection from its read to its
+// write, fn included: keep fn quick (the longer it runs, the likelier another
+// writer gets in first anyway).
+//
+// Update returns the value as written, carrying its new version. It returns
+// fn's error unchanged, having written nothing, when fn fails; an error
+// matching [contend.ErrNotFound] when there is no row for key (also when it
+// was deleted between attempts); an error matching [contend.ErrConflict] when
+// every attempt lost the race; and ctx's error when ctx ends first. A panic in
+// fn propagates; nothing has been written then either.
+func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, error) {
+	var out T
+	if err := checkKey("update", key); err != nil {
+		return out, err
+	}
+	if fn == nil {
+		return out, fmt.Errorf("optimistic: update %v: nil fn: %w", key, contend.ErrInvalid)
+	}
+	q := contend.Querier(ctx, s.db)
+	var version int64 // of the last attempt's read
+	attempts, err := s.retry.Do(ctx, func(ctx context.Context) error {
+		q := q
+		if p, ok := q.(pool); ok {
+			// One connection for the read and the write: taking one from a
+			// busy pool for each would leave the row unwatched while the
+			// write waits for a connection, and every writer that commits
+			// in that wait turns this attempt into a loss. On a hot row with
+			// a busy pool that cut the attempts per success several-fold.
+			c, err := p.Conn(ctx)
+			if err != nil {
+				return preferCtx(ctx, err)
+			}
+			defer c.Close()
+			q = c
+		}
+		var v T
+		if err := s.get(ctx, q, key, &v); err != nil {
+			return err
+		}
+		rv := reflect.ValueOf(&v).Elem()
+		version = s.m.versionOf(rv)
+		rowKey := s.m.keyOf(rv)
+		if err := fn(&v); err != nil {
+			return fnError{err}
+		}
+		applied, err := execApplied(ctx, q, s.updateSQL, s.m.updateArgs(rv, key, version)...)
+		if err != nil {
+			return err
+		}
+		if !applied {
+			return errMoved
+		}
+		// The key is not written (it is the WHERE) and the version is the
+		// statement's: give back what the row now has, whatever fn did to
+		// those fields.
+		s.m.field(rv, s.m.key).Set(reflect.ValueOf(rowKey))
+		s.m.setVersion(rv, version+1)
+		out = v
+		return nil
+	}, isMoved)
+	err = s.updateErr(ctx, q, key, version, err)
+	if s.observe != nil {
+		s.observe(key, attempts, err)
+	}
+	return out, err
+}
+
+// pool is a handle that hands out single connections: [*sql.DB], sqlx's DB.
+type pool interface {
+	Conn(ctx context.Context) (*sql.Conn, error)
+}
+
+// fnError carries fn's error through the retry loop, marking it as fn's so
+// it is returned unchanged and never retried.
+type fnError struct{ err error }
+
+func (e fnError) Error() string { return e.err.Error() }
+
+func isMoved(err error) bool { return errors.Is(err, errMoved) }
+
+func (s *Store[T]) updateErr(ctx context.Context, q contend.DBTX, key any, version int64, err error) error {
+	var fe fnError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &fe):
+		return fe.err
+	case err == errMoved:
+		// Retry.Do returns the last attempt's error itself when the attempts
+		// ran out, and wraps it with ctx's error when ctx ended first: only
+		// the former is a lost race. A row deleted after the last read
+		// matches no row either: tell the two apart, so a vanished row is not
+		// reported as a conflict.
+		return conflictOrGone(ctx, q, s.probeSQL, "update", key, version)
+	case errors.Is(err, contend.ErrNotFound):
+		return fmt.Errorf("optimistic: update %v: %w", key, contend.ErrNotFound)
+	default:
+		return fmt.Errorf("optimistic: update %v: %w", key, err)
+	}
+}
+
+// Save writes every column of v to its row if the row's version is still
+// v's, bumping it, and sets v's version to the new one. It is compare-and-set
+// for a value read earlier, possibly in another request: it never retries,
+// because only the caller can decide again on the new state. It returns an
+// error matching [contend.ErrConflict] when the version moved and
+// [contend.ErrNotFound] when the row is gone; v is unchanged then.
+//
+// Inside a transaction that later rolls back, v's version is ahead of the
+// row's: read it again.
+func (s *Store[T]) Save(ctx context.Context, v *T) error {
+	return s.compareAndSet(ctx, "save", v, func(rv reflect.Value, key any, version int64) (string, []any) {
+		return s.updateSQL, s.m.updateArgs(rv, key, version)
+	}, true)
+}
+
+// Touch bumps the version of v's row if it is still v's, changing nothing
+// else, and sets v's version to the new one: a force-increment. Use it for a
+// row a decision was based on but that the decision does not write. Run in
+// the same transaction as the decision's writes (a guard's, or any made
+// reachable with [contend.WithQuerier]), it makes them commit only if the row
+// did not move since it was read, and it makes any concurrent decision based
+// on the same version fail. It returns errors like [Store.Save].
+func (s *Store[T]) Touch(ctx context.Context, v *T) error {
+	return s.compareAndSet(ctx, "touch", v, func(_ reflect.Value, key any, version int64) (string, []any) {
+		return s.touchSQL, []any{key, version}
+	}, true)
+}
+
+// Delete deletes v's row if its version is still v's. It returns errors like
+// [Store.Save]: a delete based on a stale read does not remove a row someone
+// changed since.
+func (s *Store[T]) Delete(ctx context.Context, v *T) error {
+	return s.compareAndSet(ctx, "delete", v, func(_ reflect.Value, key any, version int64) (string, []any) {
+		return s.deleteSQL, []any{key, version}
+	}, false)
+}
+
+func (s *Store[T]) compareAndSet(ctx context.Context, op string, v *T,
+	stmt func(rv reflect.Value, key any, version int64) (string, []any), bump bool) error {
+	rv, key, err := s.value(op, v)
+	if err != nil {
+		return err
+	}
+	version := s.m.versionOf(rv)
+	q := contend.Querier(ctx, s.db)
+	query, args := stmt(rv, key, version)
+	applied, err := execApplied(ctx, q, query, args...)
+	if err != nil {
+		return fmt.Errorf("optimistic: %s %v: %w", op, key, err)
+	}
+	if !applied {
+		return conflictOrGone(ctx, q, s.probeSQL, op, key, version)
+	}
+	if bump {
+		s.m.setVersion(rv, version+1)
+	}
+	return nil
+}
+
+// value checks that v is a value with a key and returns its reflection and
+// its key.
+func (s *Store[T]) value(op string, v *T) (reflect.Value, any, error) {
+	if v == nil {
+		return reflect.Value{}, nil, fmt.Errorf("optimistic: %s: nil value: %w", op, contend.ErrInvalid)
+	}
+	rv := reflect.ValueOf(v).Elem()
+	key := s.m.keyOf(rv)
+	if err := checkKey(op, key); err != nil {
+		return reflect.Value{}, nil, err
+	}
+	return rv, key, nil
+}
