@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/contend/contend"
@@ -30,6 +31,10 @@ type Config struct {
 	// Ops is how many operations each goroutine runs. Zero means no limit;
 	// then Duration must be set.
 	Ops int
+	// Total, when set, is how many operations run in all, across processes
+	// and goroutines: each process gets its share, and its goroutines take
+	// operations from it until it is gone. It replaces Ops.
+	Total int
 	// Duration stops the run after this long. Zero means no limit; then Ops
 	// must be set.
 	Duration time.Duration
@@ -129,10 +134,12 @@ func Local(ctx context.Context, cfg Config, op Op) Result {
 		defer cancel()
 	}
 	var (
-		mu  sync.Mutex // protects res
-		res = Result{PerKey: map[string]Count{}}
-		wg  sync.WaitGroup
+		mu   sync.Mutex // protects res
+		res  = Result{PerKey: map[string]Count{}}
+		wg   sync.WaitGroup
+		left atomic.Int64 // operations of cfg.Total not yet taken
 	)
+	left.Store(int64(cfg.Total))
 	start := time.Now()
 	for range cfg.Goroutines {
 		wg.Go(func() {
@@ -140,8 +147,8 @@ func Local(ctx context.Context, cfg Config, op Op) Result {
 				local   = Result{PerKey: map[string]Count{}}
 				samples []string
 			)
-			for i := 0; cfg.Ops == 0 || i < cfg.Ops; i++ {
-				if ctx.Err() != nil {
+			for i := 0; cfg.Total > 0 || cfg.Ops == 0 || i < cfg.Ops; i++ {
+				if ctx.Err() != nil || (cfg.Total > 0 && left.Add(-1) < 0) {
 					break
 				}
 				key := cfg.Keys[i%len(cfg.Keys)]

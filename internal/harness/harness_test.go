@@ -104,6 +104,15 @@ func TestConditionalUpdateHoldsAcrossProcesses(t *testing.T) {
 	require.LessOrEqual(t, res.Percentile(0.5), res.Percentile(0.99))
 }
 
+// Total shares a number of operations that need not divide evenly out among
+// processes and goroutines.
+func TestTotal(t *testing.T) {
+	res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 4, Total: 100},
+		func() harness.Params { return nil },
+		func(testing.TB, harness.Params) harness.Op { return func(context.Context, string) error { return nil } })
+	require.Equal(t, 100, res.Successes)
+}
+
 func TestSpreadAndRounds(t *testing.T) {
 	t.Parallel()
 	keys := []string{"a", "b", "c", "d"}

@@ -120,9 +120,16 @@ func runParent(t *testing.T, cfg Config, params Params) Result {
 
 	children := make([]*child, cfg.Processes)
 	for i := range children {
+		share := cfg
+		if cfg.Total > 0 {
+			share.Total = cfg.Total / cfg.Processes
+			if i < cfg.Total%cfg.Processes {
+				share.Total++
+			}
+		}
 		c, err := startChild(ctx, t.Name(), orders{
 			Test:   t.Name(),
-			Config: cfg,
+			Config: share,
 			Params: params,
 			Result: filepath.Join(dir, fmt.Sprintf("result-%d.json", i)),
 		})
