@@ -55,7 +55,8 @@ type Suite struct {
 	// the test process only. Optional.
 	Setup func(t testing.TB, env Env, keys []string)
 	// New builds the guard, in the test process or in a worker process. The
-	// guard is closed, if it has a Close method, when the test ends.
+	// guard is closed, if it has a Close() or Close(ctx) method, when the test
+	// ends.
 	New func(t testing.TB, env Env) contend.Guard
 	// FailFast is true for guards that answer a held key with ErrConflict at
 	// once; the others wait for it until ctx ends.
@@ -171,8 +172,11 @@ func setup(t testing.TB, s Suite, env Env, keys []string) {
 
 func newGuard(t testing.TB, s Suite, env Env) contend.Guard {
 	g := s.New(t, env)
-	if c, ok := g.(interface{ Close() error }); ok {
+	switch c := g.(type) {
+	case interface{ Close() error }:
 		t.Cleanup(func() { _ = c.Close() })
+	case interface{ Close(context.Context) error }:
+		t.Cleanup(func() { _ = c.Close(context.WithoutCancel(t.Context())) })
 	}
 	return g
 }

@@ -1,0 +1,103 @@
+// Package distlock keeps work outside the database exclusive across
+// processes with a Redis lease: a cron job that must run on one instance,
+// an external API that must not be called twice for one order.
+//
+// A lock is the key set to a random token with an expiry,
+//
+//	SET key token NX PX ttl
+//
+// and is released and refreshed by Lua scripts that act only while the
+// stored token is exactly the caller's, so a holder whose lease ran out can
+// never delete or extend the next holder's lock. [Client.Do] obtains a lock,
+// refreshes it while fn runs, and releases it on every path; [Client.Obtain],
+// [Client.TryObtain] and [Lock] are the same steps by hand.
+//
+// # The guarantee, and its limits
+//
+// Mutual exclusion holds only as long as the lease. A holder that stalls
+// past its TTL (a GC pause, a frozen VM, a slow network) can still be working
+// when Redis lets the next one in; no lock that expires can prevent that.
+// Two things narrow it:
+//
+//   - The watchdog of [Client.Do] (and [Lock.Hold]) refreshes every TTL/3 and
+//     cancels fn's ctx with cause [contend.ErrLockLost] the moment a refresh
+//     finds the token gone or the lock's validity passes without a successful
+//     refresh. Work that checks its ctx stops; Do reports the loss.
+//
+//   - Fencing tokens close the gap for resources that can check them. Every
+//     acquisition of a key gets a larger [Lock.Fence] than every earlier one;
+//     the resource records the largest it has seen and refuses smaller ones.
+//
+// For a database, the check is one conditional UPDATE,
+//
+//	UPDATE jobs SET last_fence = $2, ... WHERE name = $1 AND last_fence < $2
+//
+// and a stalled holder's late write changes nothing (examples/settlement
+// shows it). Work whose effects cannot carry a token must finish well within
+// the TTL, or be idempotent.
+//
+// The fencing counter is as durable as Redis is. Without persistence a
+// restart loses it; a missing counter therefore starts from the server's
+// clock in microseconds, not from 1, so tokens keep increasing across a
+// restart as long as that clock does not go back. A failover to a replica
+// that had not received the last increments can hand out a token again:
+// WAIT after the increment narrows that window (the replica has it before the
+// holder proceeds) but is no consensus, and this package does not issue it.
+//
+// One Redis gives no fault tolerance: when it restarts without persistence,
+// or fails over to a replica that missed the lock, the lock is forgotten and
+// the next caller gets it while the old holder still works (its next refresh
+// tells it, up to TTL/3 later). [Quorum] takes locks over several independent
+// masters (Redlock), surviving the loss of a minority of them, at the price
+// of fencing tokens (see [Quorum] for why).
+//
+// # Waiting
+//
+// [Client.TryObtain] (and Do with Config.FailFast) answers a held key with
+// [contend.ErrConflict] at once. [Client.Obtain] (and Do by default) waits
+// in line: a failed attempt enqueues the waiter in the same script, and the
+// release hands the lock straight to the oldest live waiter, increments the
+// fencing counter and publishes the grant on that waiter's process channel,
+// so hot keys are handed over in arrival order within about one round trip,
+// instead of being polled for (polling lets the releaser take the lock back
+// and starves others).
+//
+// The grant is a short lease (Config.GrantLease) on the waiter's token. The
+// message names the waiter's latest attempt, so the waiter knows the grant
+// came after that attempt began: it holds the lock from the moment the
+// message arrives, validity counted from that attempt, and extends the lease
+// to its TTL beside its work (or not at all, if it releases first). A waiter
+// whose process died therefore blocks the key for the grant lease only. A
+// waiter that gives up leaves the queue and passes on a grant it got
+// meanwhile, in one script, even after its ctx ended; a timed re-check
+// (Config.Recheck) covers lost messages and dead holders; while the
+// subscription is down, waiters poll with jittered backoff. Every wait ends
+// with ctx or Config.MaxWait; the error then matches both
+// [contend.ErrConflict] and ctx's error.
+//
+// # Errors
+//
+// Errors match, with [errors.Is]: [contend.ErrConflict] when the key is held
+// (joined with ctx's error when a wait was cut short);
+// [contend.ErrLockLost] when a hold ended early or a release found the lock
+// gone; [contend.ErrInvalid] for bad input; [ErrClosed] after
+// [Client.Close]; [ErrNoQuorum] when too few quorum nodes answered. A Redis
+// failure is returned as it is: "Redis is down" is never reported as
+// "busy".
+//
+// # Keys
+//
+// The lock of key lives at Prefix + "{" + key + "}", and its fencing
+// counter, queue and waiter list beside it with suffixes: the hash tag keeps
+// them on one Cluster slot, so one script can touch them all. A Client
+// accepts any [redis.UniversalClient]: one node, Sentinel or Cluster. Fencing
+// counters never expire (they must never go back); the other keys do.
+//
+// # When not to use it
+//
+// When the rule fits the database, use the database: a conditional UPDATE
+// (package atomic) or a row lock (package pessimistic) is exclusive for
+// exactly as long as it must be and needs no lease. Use distlock when the
+// work is outside the database, and give its effects a fencing check where
+// they can take one.
+package distlock

@@ -1,0 +1,193 @@
+package distlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/atomic"
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/testserver"
+)
+
+// ledger is a resource that checks fencing tokens: it takes a write only
+// with a token larger than every one it has seen.
+func ledger(t testing.TB) func(ctx context.Context, fence int64, writer string) (bool, error) {
+	t.Helper()
+	db := testserver.DB(t, "pgx")
+	db.MustExec(`CREATE TABLE ledger (id text PRIMARY KEY, last_fence bigint NOT NULL, writer text NOT NULL)`)
+	db.MustExec(`INSERT INTO ledger VALUES ('acct', 0, '')`)
+	return func(ctx context.Context, fence int64, writer string) (bool, error) {
+		return atomic.Update(ctx, db,
+			`UPDATE ledger SET last_fence = $2, writer = $3 WHERE id = $1 AND last_fence < $2`, "acct", fence, writer)
+	}
+}
+
+// The holder stalls past its TTL (a GC pause: nothing it sends reaches
+// Redis, so the watchdog cannot refresh): fn's ctx is cancelled with
+// ErrLockLost, another instance takes the lock with a larger fencing token
+// and writes, and the stalled holder's late write with its old token is
+// refused by the resource.
+func TestHolderStalledPastItsTTL(t *testing.T) {
+	t.Parallel()
+	write := ledger(t)
+	rdb, prefix := testserver.Redis(t)
+	process := &faulty{UniversalClient: rdb}
+	stalled := newClient(t, process, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix, TTL: 5 * time.Second, Recheck: 50 * time.Millisecond})
+
+	var cause, otherErr error
+	var lateApplied bool
+	err := stalled.Do(t.Context(), "acct", func(ctx context.Context) error {
+		mine, _ := distlock.FromContext(ctx)
+		process.freeze()
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		case <-time.After(10 * time.Second):
+			return errors.New("the stalled holder was never told")
+		}
+		// Meanwhile the lease ran out, and another instance took over.
+		otherErr = other.Do(t.Context(), "acct", func(ctx context.Context) error {
+			theirs, _ := distlock.FromContext(ctx)
+			if theirs.Fence() <= mine.Fence() {
+				return errors.New("the new holder's fencing token is not larger")
+			}
+			applied, err := write(ctx, theirs.Fence(), "other")
+			if err == nil && !applied {
+				err = errors.New("the new holder's write was refused")
+			}
+			return err
+		})
+		process.thaw()
+		// The stalled holder wakes up and writes, late, as if it still held
+		// the lock.
+		var err error
+		lateApplied, err = write(context.WithoutCancel(ctx), mine.Fence(), "stalled")
+		return err
+	})
+	require.NoError(t, otherErr)
+	require.ErrorIs(t, cause, contend.ErrLockLost, "fn's ctx is cancelled with ErrLockLost")
+	require.ErrorIs(t, err, contend.ErrLockLost, "Do reports the loss")
+	require.False(t, lateApplied, "the resource took a write with a stale fencing token")
+}
+
+// Redis restarts (and forgets every key) while a lock is held: the holder
+// learns it lost the lock at its next refresh, the refresh does not take
+// the key again, and the next holder's fencing token is still larger.
+func TestRedisRestartedWhileHeld(t *testing.T) {
+	t.Parallel()
+	srv := testserver.OwnRedis(t)
+	rdb := srv.Client(t)
+	c := newClient(t, rdb, distlock.Config{TTL: 600 * time.Millisecond, Recheck: 50 * time.Millisecond})
+	ctx := t.Context()
+
+	var before int64
+	var cause error
+	err := c.Do(ctx, "job", func(ctx context.Context) error {
+		l, _ := distlock.FromContext(ctx)
+		before = l.Fence()
+		if err := srv.Restart(); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return nil
+		case <-time.After(10 * time.Second):
+			return errors.New("the holder was never told")
+		}
+	})
+	require.ErrorIs(t, cause, contend.ErrLockLost)
+	require.ErrorIs(t, err, contend.ErrLockLost)
+	require.Zero(t, rdb.Exists(ctx, distlock.DefaultPrefix+"{job}").Val(), "a refresh took the lost key again")
+
+	l, err := c.Obtain(ctx, "job", time.Second)
+	require.NoError(t, err)
+	require.Greater(t, l.Fence(), before, "fencing tokens went back after the restart")
+	require.NoError(t, l.Release(ctx))
+}
+
+// The client's subscription survives a restart: waiters are woken by grants
+// again once it has reconnected.
+func TestSubscriptionSurvivesARestart(t *testing.T) {
+	t.Parallel()
+	srv := testserver.OwnRedis(t)
+	rdb := srv.Client(t)
+	c := newClient(t, rdb, distlock.Config{Recheck: time.Minute})
+	ctx := t.Context()
+	handOver := func() {
+		holder, err := c.TryObtain(ctx, "job", time.Minute)
+		require.NoError(t, err)
+		w := obtainAsync(ctx, c, "job", time.Minute)
+		waitQueued(t, rdb, "distlock:", "job", 1)
+		require.NoError(t, holder.Release(ctx))
+		got := receive(t, w, 10*time.Second) // the recheck is a minute: a grant woke it
+		require.NoError(t, got.err)
+		require.NoError(t, got.l.Release(ctx))
+	}
+	handOver()
+	require.NoError(t, srv.Restart())
+	require.Eventually(t, func() bool {
+		chans, err := rdb.PubSubChannels(ctx, "distlock:grants:*").Result()
+		return err == nil && len(chans) == 1
+	}, 10*time.Second, 10*time.Millisecond, "the subscription did not come back")
+	handOver()
+}
+
+// A panic in fn releases the lock and is re-raised.
+func TestPanicReleases(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{})
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		_ = c.Do(t.Context(), "job", func(context.Context) error { panic("boom") })
+	}()
+	require.Equal(t, "boom", recovered)
+	require.Zero(t, rdb.Exists(t.Context(), lockKey(prefix, "job")).Val(), "the panic left the lock held")
+	l, err := c.TryObtain(t.Context(), "job", time.Second)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// Nothing a call starts outlives it: not Do's watchdog, not a released
+// lock's, not a wait's. (The client's subscription is the client's, and
+// ends with Close; TestMain checks the whole package at the end.) Not
+// parallel: other tests' goroutines would count.
+func TestNoGoroutineLeftBehind(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	c, rdb, prefix := setup(t, distlock.Config{TTL: 30 * time.Millisecond})
+	ctx := t.Context()
+	// Subscribe first: that goroutine is the client's.
+	warm, err := c.Obtain(ctx, "warm", time.Second)
+	require.NoError(t, err)
+	require.NoError(t, warm.Release(ctx))
+	withClient := goleak.IgnoreCurrent()
+
+	require.NoError(t, c.Do(ctx, "job", func(ctx context.Context) error {
+		// Long enough for the watchdog to refresh a few times.
+		time.Sleep(100 * time.Millisecond)
+		return ctx.Err()
+	}))
+	goleak.VerifyNone(t, withClient)
+
+	l, err := c.Obtain(ctx, "job", time.Second)
+	require.NoError(t, err)
+	_ = l.Hold(ctx)
+	w := obtainAsync(ctx, c, "job", time.Second)
+	waitQueued(t, rdb, prefix, "job", 1)
+	require.NoError(t, l.Release(ctx))
+	got := receive(t, w, 5*time.Second)
+	require.NoError(t, got.err)
+	require.NoError(t, got.l.Release(ctx))
+	goleak.VerifyNone(t, withClient)
+
+	require.NoError(t, c.Close(ctx))
+	goleak.VerifyNone(t, before)
+}

@@ -1,0 +1,214 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"net"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contend/contend"
+)
+
+// A subscriber receives the grants that releases publish on its client's
+// channel and wakes the waiters they name. One per Client, started by the
+// first wait and stopped by Close: a subscription per waiter would cost a
+// connection each, and a shared channel for all processes would wake every
+// process at every release.
+type subscriber struct {
+	ps      *redis.PubSub // set and replaced under the client's mu
+	settled chan struct{} // closed once the first subscription succeeded or failed
+	healthy atomic.Bool   // subscribed now: grants will arrive
+	stop    chan struct{} // closed by Close
+	done    chan struct{} // closed when the goroutine has ended
+}
+
+// A grant is what wakes a waiter: the lock was handed to it after its
+// attempt number seq, with fencing token fence. The zero grant only asks the
+// waiter to check.
+type grant struct{ seq, fence int64 }
+
+// register records the waiter for tok and returns the subscriber, starting
+// it if this is the client's first wait.
+func (c *Client) register(tok string, wake chan<- grant) (*subscriber, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.sub == nil {
+		c.sub = &subscriber{
+			settled: make(chan struct{}),
+			stop:    make(chan struct{}),
+			done:    make(chan struct{}),
+		}
+		go c.listen(c.sub)
+	}
+	c.waiters[tok] = wake
+	return c.sub, nil
+}
+
+func (c *Client) unregister(tok string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.waiters, tok)
+}
+
+// wake wakes the waiter that a grant message names, if it is still
+// waiting. A grant for a waiter that has just given up is not lost: that
+// waiter's leave finds the lock granted to it and passes it on.
+func (c *Client) wake(msg string) {
+	var g grant
+	tok, rest, _ := strings.Cut(msg, " ")
+	seq, fence, _ := strings.Cut(rest, " ")
+	g.seq, _ = strconv.ParseInt(seq, 10, 64)
+	g.fence, _ = strconv.ParseInt(fence, 10, 64)
+	if g.fence <= 0 {
+		g = grant{} // not a well-formed grant: only check
+	}
+	c.mu.Lock()
+	ch := c.waiters[tok]
+	c.mu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- g:
+		default: // already woken; the waiter checks anyway
+		}
+	}
+}
+
+// wakeAll makes every waiter check the lock now: grants published while the
+// subscription was down were lost.
+func (c *Client) wakeAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, ch := range c.waiters {
+		select {
+		case ch <- grant{}:
+		default:
+		}
+	}
+}
+
+// subscribe makes a new subscription for s, unless the client is closing.
+// Subscribing dials, so it runs outside the client's lock.
+func (c *Client) subscribe(s *subscriber) bool {
+	ps := c.rdb.Subscribe(context.Background(), c.channel)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		_ = ps.Close()
+		return false
+	}
+	s.ps = ps
+	return true
+}
+
+func (c *Client) listen(s *subscriber) {
+	defer close(s.done)
+	defer func() {
+		c.mu.Lock()
+		ps := s.ps
+		c.mu.Unlock()
+		if ps != nil {
+			_ = ps.Close()
+		}
+	}()
+	if !c.subscribe(s) {
+		return
+	}
+	var (
+		subscribed bool // once: later confirmations are resubscriptions
+		settled    bool // s.settled is closed
+		pinged     bool // a ping is waiting for its answer
+		failures   int
+	)
+	settle := func() {
+		if !settled {
+			settled = true
+			close(s.settled)
+		}
+	}
+	retry := contend.Retry{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
+	for {
+		msg, err := s.ps.ReceiveTimeout(context.Background(), healthInterval)
+		select {
+		case <-s.stop:
+			return
+		default:
+		}
+		if err != nil {
+			if isTimeout(err) && !pinged {
+				// Silence is normal; a ping tells it from a dead connection.
+				pinged = s.ps.Ping(context.Background()) == nil
+				if pinged {
+					continue
+				}
+			}
+			// The connection is gone (Redis restarted, a network failure)
+			// or does not answer: grants published meanwhile are lost, so
+			// waiters check on their own until a new subscription is
+			// confirmed.
+			s.healthy.Store(false)
+			settle()
+			pinged = false
+			failures++
+			t := time.NewTimer(retry.Delay(failures))
+			select {
+			case <-s.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			c.mu.Lock()
+			old := s.ps
+			c.mu.Unlock()
+			_ = old.Close()
+			if !c.subscribe(s) {
+				return
+			}
+			continue
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind != "subscribe" {
+				continue
+			}
+			failures = 0
+			s.healthy.Store(true)
+			settle()
+			if !subscribed {
+				subscribed = true
+			} else {
+				c.wakeAll()
+			}
+		case *redis.Message:
+			c.wake(m.Payload)
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// isNil reports whether v is nil or a typed nil pointer, such as a
+// (*redis.Client)(nil) passed as an interface.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}

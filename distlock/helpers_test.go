@@ -1,0 +1,164 @@
+package distlock_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/testserver"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+// setup returns a client on the shared Redis under a prefix of the test's
+// own (cfg.Prefix is replaced), with the plain client and the prefix.
+func setup(t testing.TB, cfg distlock.Config) (*distlock.Client, *redis.Client, string) {
+	t.Helper()
+	rdb, prefix := testserver.Redis(t)
+	cfg.Prefix = prefix
+	return newClient(t, rdb, cfg), rdb, prefix
+}
+
+// newClient makes a client, closed when t ends (before the Redis client it
+// uses: cleanups run last-registered first).
+func newClient(t testing.TB, rdb distlock.RedisClient, cfg distlock.Config) *distlock.Client {
+	t.Helper()
+	c, err := distlock.NewClient(rdb, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
+	return c
+}
+
+// lockKey is where the lock of key lives.
+func lockKey(prefix, key string) string { return prefix + "{" + key + "}" }
+
+// queued reports how many waiters are in key's queue.
+func queued(t testing.TB, rdb *redis.Client, prefix, key string) int64 {
+	t.Helper()
+	n, err := rdb.LLen(context.Background(), lockKey(prefix, key)+":queue").Result()
+	require.NoError(t, err)
+	return n
+}
+
+// waitQueued waits until key's queue has n waiters.
+func waitQueued(t testing.TB, rdb *redis.Client, prefix, key string, n int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return queued(t, rdb, prefix, key) == n },
+		5*time.Second, time.Millisecond, "waiting for %d waiters in the queue", n)
+}
+
+type obtained struct {
+	l   *distlock.Lock
+	err error
+}
+
+// obtainAsync runs Obtain on its own goroutine; the result arrives on the
+// channel.
+func obtainAsync(ctx context.Context, c *distlock.Client, key string, ttl time.Duration) <-chan obtained {
+	ch := make(chan obtained, 1)
+	go func() {
+		l, err := c.Obtain(ctx, key, ttl)
+		ch <- obtained{l, err}
+	}()
+	return ch
+}
+
+// receive waits for an asynchronous result, failing t after a while.
+func receive[T any](t testing.TB, ch <-chan T, within time.Duration) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(within):
+		t.Fatalf("no result within %v", within)
+		panic("unreachable")
+	}
+}
+
+// faulty wraps a Redis client to inject faults: freeze stops every script
+// call from reaching Redis (a stalled process, a partition) until thaw, and
+// a non-empty deaf makes the client subscribe to a channel nobody publishes
+// on, so that its grants are lost.
+type faulty struct {
+	redis.UniversalClient
+	deaf string
+
+	mu   sync.Mutex    // protects gate
+	gate chan struct{} // non-nil while frozen; closed by thaw
+}
+
+func (f *faulty) freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gate == nil {
+		f.gate = make(chan struct{})
+	}
+}
+
+func (f *faulty) thaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gate != nil {
+		close(f.gate)
+		f.gate = nil
+	}
+}
+
+// pass blocks while the client is frozen, until thawed or ctx ends.
+func (f *faulty) pass(ctx context.Context) error {
+	f.mu.Lock()
+	gate := f.gate
+	f.mu.Unlock()
+	if gate == nil {
+		return nil
+	}
+	select {
+	case <-gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func failed(ctx context.Context, err error) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(err)
+	return cmd
+}
+
+func (f *faulty) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	if err := f.pass(ctx); err != nil {
+		return failed(ctx, err)
+	}
+	return f.UniversalClient.Eval(ctx, script, keys, args...)
+}
+
+func (f *faulty) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	if err := f.pass(ctx); err != nil {
+		return failed(ctx, err)
+	}
+	return f.UniversalClient.EvalSha(ctx, sha, keys, args...)
+}
+
+func (f *faulty) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
+	if f.deaf != "" {
+		return f.UniversalClient.Subscribe(ctx, f.deaf)
+	}
+	return f.UniversalClient.Subscribe(ctx, channels...)
+}
+
+// noSubscribe subscribes to a server that is not there, so the client's
+// subscription never comes up.
+type noSubscribe struct{ *faulty }
+
+func (n *noSubscribe) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1})
+	ps := dead.Subscribe(ctx, channels...)
+	_ = dead.Close() // the subscription keeps its own connection attempts
+	return ps
+}

@@ -1,0 +1,346 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/keepalive"
+)
+
+// lockOwner is what a Lock needs of the Client or Quorum that made it.
+type lockOwner interface {
+	// refresh extends l's lease to ttl if l still holds it.
+	refresh(ctx context.Context, l *Lock, ttl time.Duration) (held bool, err error)
+	// release deletes l's lock if l still holds it (a Client hands it to
+	// the next waiter instead).
+	release(ctx context.Context, l *Lock) (held bool, err error)
+	// pttl returns the lease l has left, if it holds the lock.
+	pttl(ctx context.Context, l *Lock) (left time.Duration, held bool, err error)
+	// margin is taken off a lease of ttl for the validity deadline: the
+	// clock drift allowance of a quorum, zero on one node.
+	margin(ttl time.Duration) time.Duration
+	observe(Event)
+}
+
+// A Lock is one acquisition of a key: the key, the random token that only
+// this acquisition knows, the fencing token, and the deadline until which
+// this process may assume it holds the key. The key, tokens and TTL never
+// change; a successful refresh moves the deadline.
+//
+// The deadline is measured on this process's monotonic clock from the start
+// of the attempt that obtained (or last refreshed) the lock, so it never
+// runs past the lease Redis granted, whatever the network delay. Past it,
+// another process may hold the key.
+//
+// A Lock is safe for simultaneous use by multiple goroutines.
+type Lock struct {
+	owner lockOwner
+	key   string
+	keys  []string // the Redis keys; keys[0] is the lock
+	token string
+	fence int64
+	ttl   time.Duration
+
+	vmu   sync.Mutex // protects valid
+	valid time.Time
+
+	// A lock handed over by a release is held at first for the short grant
+	// lease only; accept extends it to its TTL beside the holder's work, on a
+	// goroutine of the lock's own that Release waits for.
+	accepting  chan struct{} // closed when the accept has finished; nil if none
+	acceptNow  chan struct{} // closed by Hold: extend at once
+	acceptStop chan struct{} // closed by Release: no need to extend any more
+	acceptFrom time.Time     // when accept was called: the extension starts no earlier
+	releasing  atomic.Bool   // set before the release is sent: a later accept failure means nothing
+	amu        sync.Mutex    // protects acceptErr and onLost
+	acceptErr  error         // the accept failed before the release: the lock was lost
+	onLost     context.CancelCauseFunc
+
+	mu         sync.Mutex // protects the fields below; held during Release
+	hold       *keepalive.Hold
+	holdCtx    context.Context
+	holdCancel context.CancelCauseFunc // the hold's parent, when it started during an accept
+	watched    bool                    // Hold was called: fn ran under the hold's ctx
+	lost       error                   // what the watchdog reported when it stopped
+	released   bool
+	result     error // Release's outcome, returned again by later calls
+}
+
+func newLock(owner lockOwner, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
+	return &Lock{owner: owner, key: key, keys: keys, token: tok, fence: fence, ttl: ttl, valid: valid}
+}
+
+// accept extends a lock handed over by a release to its TTL, on its own
+// goroutine, bounded by the grant lease (deadline): past it, an answer would
+// prove nothing. It waits a little first, because a hot key's holder often
+// releases within microseconds and then the extension is a wasted round
+// trip; Hold asks for it at once. A failure before the release is a lost
+// lock: a hold's ctx is cancelled with it.
+func (l *Lock) accept(deadline time.Time) {
+	l.accepting = make(chan struct{})
+	l.acceptNow = make(chan struct{})
+	l.acceptStop = make(chan struct{})
+	l.acceptFrom = time.Now()
+	// Well inside the grant lease, of which at least half is left.
+	delay := time.Until(deadline) / 4
+	go func() {
+		defer close(l.accepting)
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-l.acceptNow:
+		case <-l.acceptStop:
+			return
+		}
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		defer cancel()
+		held, err := l.extend(ctx, l.ttl)
+		switch {
+		case err != nil:
+			err = fmt.Errorf("distlock: obtain %q: accepting the grant: %v: %w", l.key, err, contend.ErrLockLost)
+		case !held:
+			err = fmt.Errorf("distlock: obtain %q: the grant lapsed before it was accepted: %w", l.key, contend.ErrLockLost)
+		}
+		if err == nil || l.releasing.Load() {
+			return
+		}
+		l.amu.Lock()
+		l.acceptErr = err
+		onLost := l.onLost
+		l.amu.Unlock()
+		if onLost != nil {
+			onLost(err)
+		}
+		l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: err})
+	}()
+}
+
+// Key returns the key the lock is on, without the prefix.
+func (l *Lock) Key() string { return l.key }
+
+// Token returns the lock's owner token: 128 random bits as 32 hex digits,
+// the value Redis stores for the holder. Release and refresh compare all of
+// it.
+func (l *Lock) Token() string { return l.token }
+
+// Fence returns the lock's fencing token: larger than that of every earlier
+// holder of the key. A resource that records the largest token it has seen
+// and refuses smaller ones (UPDATE ... WHERE last_fence < $token) refuses a
+// holder whose lease ran out while it stalled. Tokens increase strictly but
+// are not consecutive. A [Quorum] offers none and returns 0.
+func (l *Lock) Fence() int64 { return l.fence }
+
+// ValidUntil returns the local deadline until which the lock is known to be
+// held, unless it was released or taken away by hand. See [Lock].
+func (l *Lock) ValidUntil() time.Time {
+	l.vmu.Lock()
+	defer l.vmu.Unlock()
+	return l.valid
+}
+
+// TTL asks Redis how much of the lease is left (for a [Quorum], how long a
+// majority of its nodes still hold it). It returns an error matching
+// [contend.ErrLockLost] when the lock is no longer held by this acquisition.
+func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
+	left, held, err := l.owner.pttl(ctx, l)
+	if err != nil {
+		return 0, fmt.Errorf("distlock: ttl %q: %w", l.key, err)
+	}
+	if !held {
+		return 0, fmt.Errorf("distlock: ttl %q: not held: %w", l.key, contend.ErrLockLost)
+	}
+	return left, nil
+}
+
+// Refresh extends the lease to ttl from now (0 means the lock's own TTL), if
+// this acquisition still holds the lock. It never takes the key again once
+// the lease has run out, even if nobody took it meanwhile: it returns an
+// error matching [contend.ErrLockLost] instead, because the holder may
+// already have been told it lost the lock. A Redis error is returned as it
+// is; the lock may still be held.
+func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
+	if ttl == 0 {
+		ttl = l.ttl
+	}
+	if err := checkTTL("ttl", ttl); err != nil {
+		return err
+	}
+	ttl = ttl.Truncate(time.Millisecond)
+	l.mu.Lock()
+	released := l.released
+	l.mu.Unlock()
+	if released {
+		return fmt.Errorf("distlock: refresh %q: already released: %w", l.key, contend.ErrLockLost)
+	}
+	held, err := l.extend(ctx, ttl)
+	if err != nil {
+		return fmt.Errorf("distlock: refresh %q: %w", l.key, err)
+	}
+	if !held {
+		return fmt.Errorf("distlock: refresh %q: lock expired or taken over: %w", l.key, contend.ErrLockLost)
+	}
+	return nil
+}
+
+// extend refreshes and moves the validity deadline on success.
+func (l *Lock) extend(ctx context.Context, ttl time.Duration) (bool, error) {
+	began := time.Now()
+	held, err := l.owner.refresh(ctx, l, ttl)
+	if err == nil && held {
+		l.vmu.Lock()
+		if v := began.Add(ttl - l.owner.margin(ttl)); v.After(l.valid) {
+			l.valid = v
+		}
+		l.vmu.Unlock()
+	}
+	return held, err
+}
+
+// Hold keeps the lock until [Lock.Release]: a watchdog refreshes it every
+// TTL/3, and the returned context, derived from ctx, is cancelled with cause
+// [contend.ErrLockLost] the moment a refresh finds the lock gone or its
+// validity passes without a successful refresh. Run the work under that
+// context. Call Hold right after obtaining (the first refresh comes a third
+// of a TTL later); calls after the first return the first call's context.
+// The watchdog stops with Release, or when ctx ends.
+func (l *Lock) Hold(ctx context.Context) context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.holdCtx != nil {
+		return l.holdCtx
+	}
+	if l.released {
+		hctx, cancel := context.WithCancelCause(ctx)
+		cancel(fmt.Errorf("distlock: hold %q: already released: %w", l.key, contend.ErrLockLost))
+		l.holdCtx = hctx
+		return hctx
+	}
+	l.watched = true
+	ttl := l.ttl - l.owner.margin(l.ttl)
+	obtained := l.ValidUntil().Add(-ttl)
+	parent := ctx
+	if l.accepting != nil {
+		select {
+		case <-l.accepting:
+		default:
+			// The accept is pending: have it sent now, and count the lease
+			// from no later than it starts. Should it fail, the hold's ctx is
+			// cancelled with its error before the grant lease, which is all
+			// the lock had, runs out.
+			obtained = l.acceptFrom
+			close(l.acceptNow)
+		}
+		parent, l.holdCancel = context.WithCancelCause(ctx)
+		l.amu.Lock()
+		if l.acceptErr != nil {
+			l.holdCancel(l.acceptErr)
+		} else {
+			l.onLost = l.holdCancel
+		}
+		l.amu.Unlock()
+	}
+	l.hold = keepalive.Start(parent, obtained, ttl, func(ctx context.Context) (bool, error) {
+		held, err := l.extend(ctx, l.ttl)
+		switch {
+		case err != nil:
+			l.owner.observe(Event{Kind: EventRefreshFailed, Key: l.key, Fence: l.fence, Err: err})
+			if !time.Now().Before(l.ValidUntil()) {
+				l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: err})
+			}
+		case !held:
+			l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: contend.ErrLockLost})
+		}
+		return held, err
+	})
+	l.holdCtx = l.hold.Context()
+	return l.holdCtx
+}
+
+// Release gives the lock up: to the next waiter, if one is queued, else by
+// deleting it, and only while this acquisition still holds it, so the
+// release of a lock whose lease ran out never deletes the next holder's. It
+// first stops the watchdog of [Lock.Hold].
+//
+// It returns an error matching [contend.ErrLockLost] when the lock was no
+// longer held (it had expired, or been taken over) or the watchdog had lost
+// it, and a Redis error as it is. It runs with a short timeout of its own,
+// on ctx's values but not its cancellation, so it still works when ctx has
+// ended. Release is idempotent: once it has reached Redis, later calls
+// return the same result without calling Redis again; after a Redis error a
+// later call tries again.
+func (l *Lock) Release(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.released {
+		return l.result
+	}
+	l.releasing.Store(true)
+	if l.hold != nil {
+		l.lost = l.hold.Stop()
+		l.hold = nil
+	}
+	if l.holdCancel != nil {
+		l.holdCancel(context.Canceled)
+		l.holdCancel = nil
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if l.accepting != nil {
+		select {
+		case <-l.acceptStop:
+		default:
+			close(l.acceptStop)
+		}
+	}
+	held, err := l.owner.release(rctx, l)
+	if l.accepting != nil {
+		<-l.accepting
+	}
+	l.amu.Lock()
+	if l.watched && l.lost == nil && l.acceptErr != nil {
+		l.lost = l.acceptErr // fn's ctx was cancelled with it
+	}
+	l.amu.Unlock()
+	if err != nil {
+		return errors.Join(l.lost, fmt.Errorf("distlock: release %q: %w", l.key, err))
+	}
+	l.released = true
+	switch {
+	case l.lost != nil:
+		l.result = fmt.Errorf("distlock: release %q: %w", l.key, l.lost)
+	case !held:
+		l.result = fmt.Errorf("distlock: release %q: lock expired or taken over before the release: %w", l.key, contend.ErrLockLost)
+		l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: l.result})
+	default:
+		l.owner.observe(Event{Kind: EventReleased, Key: l.key, Fence: l.fence})
+	}
+	return l.result
+}
+
+type lockKey struct{}
+
+// FromContext returns the lock that [Client.Do] or [Quorum.Do] holds for
+// the fn it runs under ctx: fn reads its fencing token there.
+func FromContext(ctx context.Context) (*Lock, bool) {
+	l, ok := ctx.Value(lockKey{}).(*Lock)
+	return l, ok
+}
+
+// run holds l while fn runs and releases it afterwards, also when fn panics.
+func run(ctx context.Context, l *Lock, fn func(ctx context.Context) error) (err error) {
+	hctx := l.Hold(ctx)
+	defer func() {
+		// The caller may have given up, which may be why fn returned, but the
+		// lock must still be let go, or the key stays blocked for its TTL.
+		if rerr := l.Release(ctx); rerr != nil {
+			err = errors.Join(rerr, err)
+		}
+	}()
+	return fn(context.WithValue(hctx, lockKey{}, l))
+}

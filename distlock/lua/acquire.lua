@@ -1,0 +1,41 @@
+
+-- acquire: take the lock, or accept a grant, or (when waiting) join or stay
+-- in the queue.
+--   ARGV[1] token, ARGV[2] ttl ms, ARGV[3] '1' to wait, '0' to try once,
+--   ARGV[4] the waiter's channel, ARGV[5] waiter lease ms, ARGV[6] the grant
+--   lease ms the waiter asks for, ARGV[7] the number of this attempt
+-- Returns {1, fence} when the caller holds the lock, {0, pttl} when not.
+local token, ttl = ARGV[1], ARGV[2]
+local cur = redis.call('GET', KEYS[1])
+if cur == token then
+  -- A release granted it to this waiter (whose message may be late or
+  -- lost): accept it for the full ttl. The counter has not moved since the
+  -- grant, because nobody else can take the lock while it is held.
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return {1, tonumber(redis.call('GET', KEYS[2]))}
+end
+if not cur then
+  -- Free, usually because nobody wanted it; but if a holder's lease ran out
+  -- with waiters queued, the oldest of them goes first, not a newcomer.
+  local r = false
+  if redis.call('LLEN', KEYS[3]) > 0 then
+    r = grant_next(now_ms(), token)
+  end
+  if r ~= 'granted' then
+    redis.call('SET', KEYS[1], token, 'PX', ttl)
+    return {1, next_fence()}
+  end
+end
+if ARGV[3] == '1' then
+  local lease = tonumber(ARGV[5])
+  local entry = string.format('%.0f', now_ms() + lease) .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[4]
+  -- A new field is a new waiter; an existing one only renews its place.
+  if redis.call('HSET', KEYS[4], token, entry) == 1 then
+    redis.call('RPUSH', KEYS[3], token)
+  end
+  -- Every renewal pushes the queue's expiry past every live waiter's
+  -- deadline, so an abandoned queue disappears by itself.
+  redis.call('PEXPIRE', KEYS[3], lease)
+  redis.call('PEXPIRE', KEYS[4], lease)
+end
+return {0, redis.call('PTTL', KEYS[1])}

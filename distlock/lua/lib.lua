@@ -1,0 +1,61 @@
+-- Shared by acquire.lua and release.lua, which are this file followed by
+-- their own body. Keys, all under one hash tag so a Cluster keeps them on one
+-- slot:
+--   KEYS[1] the lock: the holder's token, with the lease as its expiry
+--   KEYS[2] the fencing counter: never expires, only ever increases
+--   KEYS[3] the queue: a list of waiting tokens, oldest first
+--   KEYS[4] the waiters: a hash token -> "deadline_ms grant_ms seq channel",
+--           seq numbering the waiter's attempts
+-- Times come from the server's clock only, never from a client's.
+
+-- TIME is non-deterministic; scripts that write after it need effects
+-- replication, the default since Redis 5 and a no-op to ask for there.
+if redis.replicate_commands then redis.replicate_commands() end
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- next_fence returns the next fencing token. A missing counter (a new key,
+-- or a Redis that lost its data in a restart) starts from the server's clock
+-- in microseconds rather than from 1, so tokens handed out after the loss
+-- are still larger than every token handed out before it, as long as that
+-- clock did not go back and fewer than a million locks a second were taken.
+local function next_fence()
+  local f = redis.call('INCR', KEYS[2])
+  if f == 1 then
+    local t = redis.call('TIME')
+    f = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+    redis.call('SET', KEYS[2], string.format('%.0f', f))
+  end
+  return f
+end
+
+-- grant_next pops waiters, oldest first, skipping those whose process has
+-- stopped renewing its place, until it finds a live one. If that one is self,
+-- it returns 'self' and the caller takes the lock; otherwise it hands the
+-- lock to that waiter's token, for the short grant lease the waiter asked
+-- for and extends when it accepts (so a waiter whose process died holds the
+-- key only briefly), and tells the waiter's process on its channel: the
+-- token, the seq of the waiter's latest attempt (so it knows the grant came
+-- after that attempt) and the fencing token. It returns false when nobody is
+-- waiting.
+local function grant_next(now, self)
+  while true do
+    local t = redis.call('LPOP', KEYS[3])
+    if not t then return false end
+    local w = redis.call('HGET', KEYS[4], t)
+    if w then
+      redis.call('HDEL', KEYS[4], t)
+      local deadline, grant_ms, seq, channel = string.match(w, '^(%d+) (%d+) (%d+) (.*)$')
+      if tonumber(deadline) >= now then
+        if t == self then return 'self' end
+        redis.call('SET', KEYS[1], t, 'PX', grant_ms)
+        local fence = next_fence()
+        redis.call('PUBLISH', channel, t .. ' ' .. seq .. ' ' .. string.format('%.0f', fence))
+        return 'granted'
+      end
+    end
+  end
+end

@@ -1,0 +1,347 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/token"
+)
+
+// ErrNoQuorum reports that fewer than a majority of a [Quorum]'s nodes
+// answered: the nodes are down or unreachable, which is not a lost race. It
+// is joined with the nodes' errors.
+var ErrNoQuorum = errors.New("distlock: no quorum")
+
+// QuorumConfig configures a [Quorum]. The zero value is ready to use: every
+// field has a documented default.
+type QuorumConfig struct {
+	// Prefix is put before every key. Default: "distlock:".
+	Prefix string
+	// TTL is the lease of a lock that [Quorum.Do] takes; Do refreshes it
+	// every third of its validity. Default: 10s; at least [MinTTL].
+	TTL time.Duration
+	// FailFast makes [Quorum.Do] give up at once when the key is held.
+	// Default: false, Do waits.
+	FailFast bool
+	// MaxWait bounds every wait when ctx allows longer. Default: 30s.
+	MaxWait time.Duration
+	// NodeTimeout bounds each node's answer: a node that answers later
+	// counts as failed, so a slow node cannot eat the lease. For it to also
+	// bound the wait, the node clients must honour ctx deadlines (go-redis:
+	// Options.ContextTimeoutEnabled); otherwise their own read timeout does.
+	// Default: 50ms.
+	NodeTimeout time.Duration
+	// DriftFactor is the share of the TTL allowed for the nodes' clocks
+	// running at different rates; 2ms are added to it. The validity of a
+	// lock is TTL minus the time its attempt took minus that allowance.
+	// Default: 0.01.
+	DriftFactor float64
+	// Backoff paces the attempts of a wait. Quorum waits poll, with jitter
+	// so that competing waiters do not retry in step; there is no queue
+	// across independent nodes. Its MaxAttempts is ignored. Default:
+	// contend.Retry's defaults, MaxDelay at most 100ms.
+	Backoff contend.Retry
+	// Observe, when set, is called with every [Event]. Default: nil.
+	Observe func(Event)
+}
+
+// Defaults of [QuorumConfig].
+const (
+	DefaultNodeTimeout = 50 * time.Millisecond
+	DefaultDriftFactor = 0.01
+)
+
+// A Quorum takes locks over several independent Redis masters (Redlock): a
+// lock is held when a majority of the nodes granted it within its validity,
+// so it survives the loss of a minority of them. With N nodes, up to
+// (N-1)/2 may be down. One node is no quorum: a single Redis, however
+// reliable, that restarts without persistence or fails over to a replica
+// that had not yet received the lock, forgets it, and the next caller gets
+// it too. Use a [Client] on one node when a rare double grant is
+// acceptable, a Quorum when it must survive a node's loss.
+//
+// A Quorum offers no fencing tokens ([Lock.Fence] is 0). A fencing token
+// must come from one counter that every grant increments in order; each
+// node of a quorum has its own, and two majorities overlap in only one node,
+// so no node's counter is guaranteed to have seen the previous grant: a
+// token built from them can go backwards after a node restarts. Where
+// fencing matters, use a [Client] on one durable deployment, or a
+// consensus system.
+//
+// After a failed attempt the Quorum deletes its token from every node, also
+// from nodes that did not answer in time, so that a partial grant does not
+// block the key until it expires. Waits poll with jittered backoff.
+//
+// A Quorum owns no goroutine beyond a call and needs no Close; it never
+// closes the node clients. It is safe for simultaneous use by multiple
+// goroutines.
+type Quorum struct {
+	nodes  []redis.Scripter
+	cfg    QuorumConfig
+	quorum int
+}
+
+var _ contend.Guard = (*Quorum)(nil)
+
+// NewQuorum returns a Quorum over nodes, which must be independent masters
+// (not replicas of each other, not one Cluster). It fails with an error
+// matching [contend.ErrInvalid] when nodes is empty or has a nil node, or
+// cfg has a bad value.
+func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
+	if len(nodes) == 0 {
+		return nil, fmt.Errorf("distlock: quorum without nodes: %w", contend.ErrInvalid)
+	}
+	for i, n := range nodes {
+		if isNil(n) {
+			return nil, fmt.Errorf("distlock: quorum node %d is nil: %w", i, contend.ErrInvalid)
+		}
+	}
+	for name, d := range map[string]time.Duration{"TTL": cfg.TTL, "MaxWait": cfg.MaxWait, "NodeTimeout": cfg.NodeTimeout} {
+		if d < 0 {
+			return nil, fmt.Errorf("distlock: QuorumConfig.%s %v is negative: %w", name, d, contend.ErrInvalid)
+		}
+	}
+	if cfg.DriftFactor < 0 || cfg.DriftFactor >= 0.5 {
+		return nil, fmt.Errorf("distlock: QuorumConfig.DriftFactor %v is not in [0, 0.5): %w", cfg.DriftFactor, contend.ErrInvalid)
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if err := checkTTL("QuorumConfig.TTL", cfg.TTL); err != nil {
+		return nil, err
+	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.NodeTimeout == 0 {
+		cfg.NodeTimeout = DefaultNodeTimeout
+	}
+	if cfg.DriftFactor == 0 {
+		cfg.DriftFactor = DefaultDriftFactor
+	}
+	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
+		cfg.Backoff.MaxDelay = 100 * time.Millisecond
+	}
+	return &Quorum{nodes: slices.Clone(nodes), cfg: cfg, quorum: len(nodes)/2 + 1}, nil
+}
+
+// TryObtain makes one attempt to lock key for ttl on a majority of the
+// nodes. It returns an error matching [contend.ErrConflict] when the key is
+// held (enough nodes answered "taken" that no majority is possible), one
+// matching [ErrNoQuorum] when too few nodes answered.
+func (q *Quorum) TryObtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	return q.obtain(ctx, key, ttl, false)
+}
+
+// Obtain is [Quorum.TryObtain], repeated with jittered backoff while the key
+// is held, until ctx ends or MaxWait passes; it then returns an error
+// matching both [contend.ErrConflict] and ctx's error. [ErrNoQuorum] ends
+// the wait at once.
+func (q *Quorum) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	return q.obtain(ctx, key, ttl, true)
+}
+
+// Do is [Client.Do] over the quorum: obtain (waiting unless FailFast),
+// refresh while fn runs, cancel fn's ctx with [contend.ErrLockLost] when a
+// majority can no longer be proven, release on every node.
+func (q *Quorum) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
+	if fn == nil {
+		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	l, err := q.obtain(ctx, key, q.cfg.TTL, !q.cfg.FailFast)
+	if err != nil {
+		return err
+	}
+	return run(ctx, l, fn)
+}
+
+func (q *Quorum) observe(e Event) {
+	if q.cfg.Observe != nil {
+		q.cfg.Observe(e)
+	}
+}
+
+func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
+	if err := checkKey("obtain", key); err != nil {
+		return nil, err
+	}
+	if err := checkTTL("ttl", ttl); err != nil {
+		return nil, err
+	}
+	ttl = ttl.Truncate(time.Millisecond)
+	if err := ctxErr(ctx); err != nil {
+		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+	}
+	began := time.Now()
+	if wait {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, q.cfg.MaxWait, errMaxWait)
+		defer cancel()
+	}
+	for attempt := 1; ; attempt++ {
+		l, err := q.attempt(ctx, key, ttl)
+		if err == nil {
+			q.observe(Event{Kind: EventObtained, Key: key, Waited: time.Since(began)})
+			return l, nil
+		}
+		if !wait || !errors.Is(err, contend.ErrConflict) {
+			if errors.Is(err, contend.ErrConflict) {
+				q.observe(Event{Kind: EventBusy, Key: key})
+			}
+			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+		}
+		if werr := q.cfg.Backoff.Wait(ctx, attempt); werr != nil {
+			giveUp := ctxErr(ctx)
+			q.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: giveUp})
+			return nil, fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
+				key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, giveUp)
+		}
+	}
+}
+
+// attempt is one round of Redlock: SET NX PX on every node at once, held if
+// a majority said yes before the validity (ttl less the time taken and the
+// drift allowance) ran out; otherwise the token is deleted everywhere.
+func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
+	keys := []string{q.cfg.Prefix + "{" + key + "}"}
+	tok := token.New()
+	began := time.Now()
+	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
+		v, err := lockScript.Run(ctx, n, keys, tok, ttl.Milliseconds()).Int64()
+		return v == 1, err
+	})
+	valid := began.Add(ttl - q.margin(ttl))
+	ok, no, errs := tally(res)
+	if ok >= q.quorum && time.Now().Before(valid) {
+		return newLock(q, key, keys, tok, 0, ttl, valid), nil
+	}
+	// Also the nodes that failed: their SET may have run, its reply lost.
+	l := newLock(q, key, keys, tok, 0, ttl, valid)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	_, _ = q.release(rctx, l)
+	cancel()
+	switch {
+	case no > len(q.nodes)-q.quorum:
+		return nil, contend.ErrConflict
+	case ok >= q.quorum:
+		return nil, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
+	}
+	return nil, fmt.Errorf("%d of %d nodes granted, %d refused, %d failed: %w",
+		ok, len(q.nodes), no, len(errs), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+}
+
+type nodeResult struct {
+	ok  bool
+	err error
+}
+
+// each runs op on every node at once, each bounded by NodeTimeout, and
+// waits for all: no goroutine outlives the call.
+func (q *Quorum) each(ctx context.Context, op func(ctx context.Context, n redis.Scripter) (bool, error)) []nodeResult {
+	res := make([]nodeResult, len(q.nodes))
+	var wg sync.WaitGroup
+	for i, n := range q.nodes {
+		wg.Go(func() {
+			nctx, cancel := context.WithTimeout(ctx, q.cfg.NodeTimeout)
+			defer cancel()
+			ok, err := op(nctx, n)
+			if err == nil && nctx.Err() != nil {
+				// An answer after the timeout counts as none: waiting for
+				// slow nodes would spend the lease.
+				err = fmt.Errorf("node %d answered after %v: %w", i, q.cfg.NodeTimeout, nctx.Err())
+			} else if err != nil {
+				err = fmt.Errorf("node %d: %w", i, err)
+			}
+			res[i] = nodeResult{ok: ok && err == nil, err: err}
+		})
+	}
+	wg.Wait()
+	return res
+}
+
+// tally counts the nodes that said yes, said no, and failed.
+func tally(res []nodeResult) (ok, no int, errs []error) {
+	for _, r := range res {
+		switch {
+		case r.err != nil:
+			errs = append(errs, r.err)
+		case r.ok:
+			ok++
+		default:
+			no++
+		}
+	}
+	return ok, no, errs
+}
+
+func (q *Quorum) margin(ttl time.Duration) time.Duration {
+	return time.Duration(float64(ttl)*q.cfg.DriftFactor) + 2*time.Millisecond
+}
+
+func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
+	began := time.Now()
+	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
+		v, err := refreshScript.Run(ctx, n, l.keys, l.token, ttl.Milliseconds()).Int64()
+		return v == 1, err
+	})
+	ok, no, errs := tally(res)
+	switch {
+	case ok >= q.quorum && time.Since(began) < ttl-q.margin(ttl):
+		return true, nil
+	case no > len(q.nodes)-q.quorum:
+		return false, nil // a majority no longer has the token: lost for good
+	}
+	return false, fmt.Errorf("refresh reached %d of %d nodes: %w", ok, len(q.nodes), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+}
+
+func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
+	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
+		v, err := unlockScript.Run(ctx, n, l.keys, l.token).Int64()
+		return v == 1, err
+	})
+	ok, no, errs := tally(res)
+	switch {
+	case ok >= q.quorum:
+		return true, nil
+	case no > len(q.nodes)-q.quorum:
+		return false, nil
+	}
+	return false, fmt.Errorf("release reached %d of %d nodes: %w", ok+no, len(q.nodes), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+}
+
+func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
+	var (
+		mu   sync.Mutex // protects left
+		left []time.Duration
+	)
+	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
+		v, err := pttlScript.Run(ctx, n, l.keys, l.token).Int64()
+		if err != nil || v == -3 {
+			return false, err
+		}
+		mu.Lock()
+		left = append(left, time.Duration(max(v, 0))*time.Millisecond)
+		mu.Unlock()
+		return true, nil
+	})
+	ok, no, errs := tally(res)
+	switch {
+	case ok >= q.quorum:
+		// A majority holds it for as long as its quorum-th longest lease.
+		slices.Sort(left)
+		return left[len(left)-q.quorum], true, nil
+	case no > len(q.nodes)-q.quorum:
+		return 0, false, nil
+	}
+	return 0, false, fmt.Errorf("reached %d of %d nodes: %w", ok+no, len(q.nodes), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+}

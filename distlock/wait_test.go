@@ -1,0 +1,308 @@
+package distlock_test
+
+import (
+	"context"
+	"net"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/distlock"
+)
+
+// Waiters are served in the order they arrived, each handed the lock by the
+// release before it, with a larger fencing token each time.
+func TestWaitersAreServedInOrder(t *testing.T) {
+	t.Parallel()
+	// A long recheck: the hand-overs below must come from the releases, not
+	// from the waiters checking by themselves.
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	var waiters []<-chan obtained
+	for i := range 3 {
+		waiters = append(waiters, obtainAsync(ctx, c, "job", time.Minute))
+		waitQueued(t, rdb, prefix, "job", int64(i+1))
+	}
+	_, err = c.TryObtain(ctx, "job", time.Minute)
+	require.ErrorIs(t, err, contend.ErrConflict, "a newcomer does not jump the queue")
+
+	last := holder
+	for i, w := range waiters {
+		require.NoError(t, last.Release(ctx))
+		got := receive(t, w, 5*time.Second)
+		require.NoError(t, got.err, "waiter %d", i)
+		require.Greater(t, got.l.Fence(), last.Fence(), "waiter %d", i)
+		require.Equal(t, int64(len(waiters)-i-1), queued(t, rdb, prefix, "job"), "waiter %d came out of turn", i)
+		require.Eventually(t, func() bool {
+			left, err := got.l.TTL(ctx)
+			return err == nil && left > 50*time.Second
+		}, 5*time.Second, time.Millisecond, "the waiter did not extend its grant to its own TTL")
+		require.True(t, got.l.ValidUntil().After(time.Now().Add(50*time.Second)), "the extension moved the validity")
+		last = got.l
+	}
+	require.NoError(t, last.Release(ctx))
+	require.Zero(t, rdb.Exists(ctx, lockKey(prefix, "job")).Val())
+}
+
+// A waiter whose ctx ends stops at once, with an error that says both "busy"
+// and why it stopped, and leaves the queue: the next release does not hand
+// the lock to it.
+func TestCancelledWaitReturnsPromptly(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
+	holder, err := c.TryObtain(t.Context(), "job", time.Minute)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	waiter := obtainAsync(ctx, c, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	cancelled := time.Now()
+	cancel()
+	got := receive(t, waiter, 5*time.Second)
+	took := time.Since(cancelled)
+	require.ErrorIs(t, got.err, contend.ErrConflict)
+	require.ErrorIs(t, got.err, context.Canceled)
+	require.Less(t, took, time.Second, "the wait did not stop promptly")
+	require.Zero(t, queued(t, rdb, prefix, "job"), "the waiter left the queue")
+
+	deadline, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err = c.Obtain(deadline, "job", time.Minute)
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	require.NoError(t, holder.Release(t.Context()))
+	require.Zero(t, rdb.Exists(t.Context(), lockKey(prefix, "job")).Val(), "the lock went to a waiter that had left")
+}
+
+// Without a deadline of the caller's, a wait still ends: MaxWait.
+func TestWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	c, _, _ := setup(t, distlock.Config{MaxWait: 100 * time.Millisecond})
+	holder, err := c.TryObtain(t.Context(), "job", time.Minute)
+	require.NoError(t, err)
+	_, err = c.Obtain(context.Background(), "job", time.Minute)
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, holder.Release(t.Context()))
+}
+
+// A waiter granted the lock while it gives up passes the lock on, in the
+// same step that takes it out of the queue: the next waiter gets it at once,
+// not when the grant lease runs out.
+func TestGivingUpPassesOnAGrant(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute, GrantLease: time.Minute})
+	// The first waiter's process never hears of its grant: it sits granted
+	// but unaware until it gives up.
+	unaware := newClient(t, &faulty{UniversalClient: rdb, deaf: prefix + "nowhere"},
+		distlock.Config{Prefix: prefix, Recheck: time.Minute, GrantLease: time.Minute})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	first, cancelFirst := context.WithCancel(ctx)
+	defer cancelFirst()
+	w1 := obtainAsync(first, unaware, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	w2 := obtainAsync(ctx, c, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 2)
+
+	require.NoError(t, holder.Release(ctx))
+	require.Equal(t, int64(1), queued(t, rdb, prefix, "job"), "the release granted the first waiter")
+	require.NotEmpty(t, rdb.Get(ctx, lockKey(prefix, "job")).Val())
+
+	cancelFirst()
+	require.ErrorIs(t, receive(t, w1, 5*time.Second).err, context.Canceled)
+	got := receive(t, w2, 5*time.Second) // far less than the minute-long grant lease
+	require.NoError(t, got.err)
+	require.NoError(t, got.l.Release(ctx))
+}
+
+// A grant whose message is lost (the waiter's subscription hears nothing) is
+// found by the waiter's own timed re-check.
+func TestLostGrantIsFoundByTheRecheck(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{})
+	deaf := newClient(t, &faulty{UniversalClient: rdb, deaf: prefix + "nowhere"},
+		distlock.Config{Prefix: prefix, Recheck: 50 * time.Millisecond})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	w := obtainAsync(ctx, deaf, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	require.NoError(t, holder.Release(ctx))
+	got := receive(t, w, 5*time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.l.Fence(), holder.Fence())
+	require.NoError(t, got.l.Release(ctx))
+}
+
+// A waiter that cannot subscribe at all still gets the lock, polling with
+// jittered backoff.
+func TestWaitsWithoutASubscription(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{})
+	broken := &faulty{UniversalClient: rdb}
+	polling := newClient(t, &noSubscribe{broken}, distlock.Config{Prefix: prefix, Recheck: 100 * time.Millisecond})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	w := obtainAsync(ctx, polling, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	require.NoError(t, holder.Release(ctx))
+	got := receive(t, w, 5*time.Second)
+	require.NoError(t, got.err)
+	require.NoError(t, got.l.Release(ctx))
+}
+
+// A grant to a waiter whose process died holds the key for the short grant
+// lease only, not for the waiter's TTL; the waiter behind it gets the lock.
+func TestGrantToADeadWaiterLapses(t *testing.T) {
+	t.Parallel()
+	const grantLease = 200 * time.Millisecond
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: 50 * time.Millisecond})
+	dead := &faulty{UniversalClient: rdb, deaf: prefix + "nowhere"}
+	ghost := newClient(t, dead, distlock.Config{Prefix: prefix, Recheck: time.Minute, GrantLease: grantLease})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	ghostCtx, cancelGhost := context.WithCancel(ctx)
+	gw := obtainAsync(ghostCtx, ghost, "job", time.Hour)
+	waitQueued(t, rdb, prefix, "job", 1)
+	dead.freeze() // the ghost's process stops: it will never accept
+	w := obtainAsync(ctx, c, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 2)
+
+	released := time.Now()
+	require.NoError(t, holder.Release(ctx)) // with the ghost's grant lease, not its hour
+	got := receive(t, w, 10*time.Second)
+	require.NoError(t, got.err)
+	require.Less(t, time.Since(released), 5*time.Second)
+	require.NoError(t, got.l.Release(ctx))
+
+	cancelGhost()
+	dead.thaw()
+	require.ErrorIs(t, receive(t, gw, 5*time.Second).err, context.Canceled)
+}
+
+// Close ends the waits in progress, and refuses new calls.
+func TestCloseEndsWaits(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := redisOnly(t)
+	c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix})
+	require.NoError(t, err)
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix})
+	ctx := t.Context()
+	holder, err := other.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	w := obtainAsync(ctx, c, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	require.NoError(t, c.Close(ctx))
+	require.NoError(t, c.Close(ctx), "Close is idempotent")
+	require.ErrorIs(t, receive(t, w, 5*time.Second).err, distlock.ErrClosed)
+	_, err = c.Obtain(ctx, "job", time.Minute)
+	require.ErrorIs(t, err, distlock.ErrClosed)
+	require.Zero(t, queued(t, rdb, prefix, "job"))
+	require.NoError(t, holder.Release(ctx))
+}
+
+// A Redis failure is not "busy": it stays its own error.
+func TestRedisFailureIsNotAConflict(t *testing.T) {
+	t.Parallel()
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { down.Close() })
+	c := newClient(t, down, distlock.Config{})
+	for _, obtain := range []func(context.Context, string, time.Duration) (*distlock.Lock, error){c.TryObtain, c.Obtain} {
+		_, err := obtain(t.Context(), "job", time.Minute)
+		var opErr *net.OpError
+		require.ErrorAs(t, err, &opErr, "the network error stays reachable")
+		require.NotErrorIs(t, err, contend.ErrConflict)
+	}
+	require.ErrorIs(t, c.Do(t.Context(), "job", func(context.Context) error { return nil }), syscall.ECONNREFUSED)
+}
+
+// A lock handed over by a release is the waiter's at once, for the grant
+// lease; if extending it to its TTL fails (here: the waiter's process
+// stalls until the grant lapses), the holder is told: fn's ctx is cancelled
+// with ErrLockLost, and Do reports it.
+func TestLapsedGrantIsALostLock(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{})
+	stalling := &faulty{UniversalClient: rdb}
+	grantee := newClient(t, stalling, distlock.Config{Prefix: prefix, GrantLease: 200 * time.Millisecond})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+
+	var cause error
+	done := make(chan error, 1)
+	go func() {
+		done <- grantee.Do(ctx, "job", func(ctx context.Context) error {
+			select {
+			case <-ctx.Done():
+				cause = context.Cause(ctx)
+			case <-time.After(10 * time.Second):
+			}
+			stalling.thaw()
+			return nil
+		})
+	}()
+	waitQueued(t, rdb, prefix, "job", 1)
+	stalling.freeze() // the grant arrives, but the extension cannot reach Redis
+	require.NoError(t, holder.Release(ctx))
+	err = receive(t, done, 10*time.Second)
+	require.ErrorIs(t, cause, contend.ErrLockLost, "fn was not told")
+	require.ErrorIs(t, err, contend.ErrLockLost)
+}
+
+// Observe sees obtains with their waits, busy keys, waits given up,
+// releases and losses.
+func TestObserveReportsEvents(t *testing.T) {
+	t.Parallel()
+	var (
+		mu     sync.Mutex
+		events []distlock.Event
+	)
+	observe := func(e distlock.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, e)
+	}
+	kinds := func() []distlock.EventKind {
+		mu.Lock()
+		defer mu.Unlock()
+		var ks []distlock.EventKind
+		for _, e := range events {
+			ks = append(ks, e.Kind)
+		}
+		events = nil
+		return ks
+	}
+	c, rdb, prefix := setup(t, distlock.Config{Observe: observe})
+	ctx := t.Context()
+
+	l, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	_, err = c.TryObtain(ctx, "job", time.Minute)
+	require.ErrorIs(t, err, contend.ErrConflict)
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	_, err = c.Obtain(short, "job", time.Minute)
+	cancel()
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.NoError(t, l.Release(ctx))
+	require.Equal(t, []distlock.EventKind{distlock.EventObtained, distlock.EventBusy, distlock.EventGaveUp, distlock.EventReleased}, kinds())
+
+	l, err = c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, rdb.Del(ctx, lockKey(prefix, "job")).Err())
+	require.ErrorIs(t, l.Release(ctx), contend.ErrLockLost)
+	require.Equal(t, []distlock.EventKind{distlock.EventObtained, distlock.EventLost}, kinds())
+	require.Equal(t, "lost", distlock.EventLost.String())
+}
