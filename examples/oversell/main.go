@@ -78,19 +78,15 @@ type outcome struct {
 
 func run(processes, buyers int, stock int64) (ok bool, err error) {
 	ctx := context.Background()
-	pgServer, err := testserver.PostgresURL()
-	if err != nil {
-		return false, err
-	}
 	redisURL, err := testserver.RedisURL()
 	if err != nil {
 		return false, err
 	}
-	schema, url, err := testserver.CreateSchema(ctx, pgServer)
+	url, drop, err := testserver.Schema(ctx)
 	if err != nil {
 		return false, err
 	}
-	defer testserver.DropSchema(context.WithoutCancel(ctx), pgServer, schema)
+	defer func() { err = errors.Join(err, drop()) }()
 	db, err := sqlx.Open("pgx", url)
 	if err != nil {
 		return false, err

@@ -69,21 +69,15 @@ func run(ctx context.Context, out io.Writer, periods int, period time.Duration) 
 	}
 	// The URL functions start throwaway servers when none answers.
 	defer func() { err = errors.Join(err, testserver.StopAll()) }()
-	pgServer, err := testserver.PostgresURL()
-	if err != nil {
-		return err
-	}
 	redisURL, err := testserver.RedisURL()
 	if err != nil {
 		return err
 	}
-	schemaName, dbURL, err := testserver.CreateSchema(ctx, pgServer)
+	dbURL, drop, err := testserver.Schema(ctx)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		err = errors.Join(err, testserver.DropSchema(context.WithoutCancel(ctx), pgServer, schemaName))
-	}()
+	defer func() { err = errors.Join(err, drop()) }()
 	db, err := sqlx.Open("pgx", dbURL)
 	if err != nil {
 		return err

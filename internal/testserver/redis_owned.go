@@ -68,6 +68,8 @@ func redisDaemon(server, dir string) daemon {
 		name: "redis-server",
 		path: server,
 		args: func(port int) []string {
+			// --dir keeps anything the server writes inside the directory
+			// stop removes; --daemonize no in case a default config says yes.
 			return []string{"--save", "", "--appendonly", "no",
 				"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
 				"--daemonize", "no", "--dir", dir}

@@ -175,6 +175,22 @@ func CreateSchema(ctx context.Context, serverURL string) (schema, schemaURL stri
 	return schema, u.String(), nil
 }
 
+// Schema creates a fresh schema on the discovered server (see the package
+// doc) and returns a URL whose connections use it, and a function that drops
+// it. Programs (examples, the benchmark suite) use it where tests use
+// [Postgres].
+func Schema(ctx context.Context) (url string, drop func() error, err error) {
+	server, err := PostgresURL()
+	if err != nil {
+		return "", nil, err
+	}
+	schema, url, err := CreateSchema(ctx, server)
+	if err != nil {
+		return "", nil, err
+	}
+	return url, func() error { return DropSchema(context.WithoutCancel(ctx), server, schema) }, nil
+}
+
 // DropSchema drops a schema made by [CreateSchema] and everything in it.
 func DropSchema(ctx context.Context, serverURL, schema string) error {
 	db, err := sql.Open("pgx", serverURL)

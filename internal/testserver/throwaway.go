@@ -111,25 +111,7 @@ func startRedis() (url string, stop func() error, err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	return launch(daemon{
-		name: "redis-server",
-		path: server,
-		args: func(port int) []string {
-			// --dir keeps anything the server writes inside the directory
-			// stop removes; --daemonize no in case a default config says yes.
-			return []string{"--save", "", "--appendonly", "no",
-				"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-				"--daemonize", "no", "--dir", dir}
-		},
-		dir:        dir,
-		stopSignal: syscall.SIGTERM,
-		url: func(port int) string {
-			return fmt.Sprintf("redis://127.0.0.1:%d/0", port)
-		},
-		ready: func(ctx context.Context, url string) error {
-			return redisReady(ctx, url, dir)
-		},
-	})
+	return launch(redisDaemon(server, dir))
 }
 
 // daemon describes how to run one kind of throwaway server.

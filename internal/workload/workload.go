@@ -77,12 +77,7 @@ func Stock(t testing.TB, db *sqlx.DB, id string) int64 {
 // schema. It is for Example functions, which have no *testing.T; it panics
 // when no server can be had.
 func Scratch(setup string) (*sqlx.DB, func()) {
-	ctx := context.Background()
-	server, err := testserver.PostgresURL()
-	if err != nil {
-		panic(err)
-	}
-	schema, url, err := testserver.CreateSchema(ctx, server)
+	url, drop, err := testserver.Schema(context.Background())
 	if err != nil {
 		panic(err)
 	}
@@ -91,7 +86,7 @@ func Scratch(setup string) (*sqlx.DB, func()) {
 	db.MustExec(setup)
 	return db, func() {
 		db.Close()
-		if err := testserver.DropSchema(ctx, server, schema); err != nil {
+		if err := drop(); err != nil {
 			panic(err)
 		}
 	}
