@@ -1,0 +1,696 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+
+	"github.com/contend/contend"
+)
+
+// ErrFull reports that a job's partition buffer was full and the queue is
+// configured to refuse rather than wait ([Config.RefuseWhenFull]).
+var ErrFull = errors.New("queue: full")
+
+// ErrClosed reports that the queue is closed: it takes no new job, or it
+// stopped before it could run an accepted one (Close's ctx ended first).
+var ErrClosed = errors.New("queue: closed")
+
+// ErrDeadLettered reports that a job failed on every delivery it was allowed
+// and went to the dead-letter sink. Submit returns it joined with the
+// handler's last error.
+var ErrDeadLettered = errors.New("queue: dead-lettered")
+
+// ErrPanic reports that a handler panicked. The panic is turned into an error
+// (and retried like one) so that one bad job cannot crash the process.
+var ErrPanic = errors.New("queue: handler panicked")
+
+// ErrRunning reports a second call of Run.
+var ErrRunning = errors.New("queue: already running")
+
+// A Job is what a handler gets: the key that chose its partition, the payload
+// it was submitted with, and how many times it has been delivered so far (1 on
+// the first delivery).
+type Job struct {
+	Key     string
+	Payload []byte
+	Attempt int
+}
+
+// A Handler processes one job and returns its result. An error is retried
+// under [Config.Retry]; a job that fails on every attempt is dead-lettered.
+// Answers such as "sold out" belong in the result, not in the error.
+type Handler func(ctx context.Context, job Job) ([]byte, error)
+
+// A BatchHandler processes up to [Config.MaxBatch] consecutive jobs of one
+// partition at once, in submit order, and returns one [Result] per job, in the
+// same order. A Result's Err is that job's final answer and is not retried. A
+// non-nil error fails the whole batch: it is retried under [Config.Retry], and
+// when the retries are spent each job is run again alone, so only the job that
+// keeps failing is dead-lettered.
+type BatchHandler func(ctx context.Context, jobs []Job) ([]Result, error)
+
+// Result is one job's answer from a [BatchHandler].
+type Result struct {
+	Value []byte
+	Err   error
+}
+
+// DeadLetter is a job that failed on every delivery, with its last error.
+type DeadLetter struct {
+	Job Job
+	Err error
+}
+
+// Config configures a [Queue]. Exactly one of Handler and BatchHandler must be
+// set; every other field has a default.
+type Config struct {
+	// Partitions is how many partitions, and so worker goroutines, the queue
+	// has. Required: there is no default, because the number decides which
+	// keys share a worker, and a queue across instances must agree on it.
+	Partitions int
+	// Buffer is how many jobs each partition holds before producers wait (or
+	// get ErrFull). Default: 1024.
+	Buffer int
+	// RefuseWhenFull makes Submit, Enqueue and Do answer a full partition with
+	// ErrFull at once instead of waiting for room until ctx ends. Default:
+	// false (wait).
+	RefuseWhenFull bool
+	// Handler processes one job.
+	Handler Handler
+	// BatchHandler processes consecutive jobs of a partition together.
+	BatchHandler BatchHandler
+	// MaxBatch bounds the jobs a BatchHandler gets at once. Default: 100.
+	MaxBatch int
+	// Retry bounds the deliveries of a failing job (MaxAttempts, the first
+	// included) and the wait between them. The partition waits too: a later
+	// job of the key must not overtake a failing one. Default: the zero
+	// [contend.Retry], 10 deliveries.
+	Retry contend.Retry
+	// Retryable says which handler errors are worth another delivery; the
+	// others dead-letter the job at once. Default: every error.
+	Retryable func(error) bool
+	// DeadLetter receives jobs that failed on every delivery, on the
+	// partition's worker goroutine, before the partition moves on: keep it
+	// short. Default: none (the job is dropped after its submitter, if it
+	// waits, gets ErrDeadLettered).
+	DeadLetter func(DeadLetter)
+	// Observe, when set, is called with every [Event]: failed deliveries
+	// and dead letters. It runs on the partition's worker goroutine and must
+	// not block. Default: nil, no events.
+	Observe func(Event)
+}
+
+// Defaults of [Config].
+const (
+	DefaultBuffer   = 1024
+	DefaultMaxBatch = 100
+)
+
+func (c Config) validate() (Config, error) {
+	switch {
+	case c.Partitions <= 0:
+		return c, fmt.Errorf("queue: partitions %d, want at least 1: %w", c.Partitions, contend.ErrInvalid)
+	case c.Handler == nil && c.BatchHandler == nil:
+		return c, fmt.Errorf("queue: nil handler: %w", contend.ErrInvalid)
+	case c.Handler != nil && c.BatchHandler != nil:
+		return c, fmt.Errorf("queue: both Handler and BatchHandler set: %w", contend.ErrInvalid)
+	case c.Buffer < 0:
+		return c, fmt.Errorf("queue: buffer %d: %w", c.Buffer, contend.ErrInvalid)
+	case c.MaxBatch < 0:
+		return c, fmt.Errorf("queue: max batch %d: %w", c.MaxBatch, contend.ErrInvalid)
+	}
+	if c.Buffer == 0 {
+		c.Buffer = DefaultBuffer
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	return c, nil
+}
+
+// Queue is the in-memory backend: jobs wait in one bounded buffer per
+// partition, and one goroutine per partition runs them in order. It holds
+// within one process only: two processes with a Queue each run one key's jobs
+// in parallel.
+//
+// Submit, Enqueue and Do may be called before Run (jobs wait in the buffers)
+// and from many goroutines at once. Close drains: it stops taking jobs, runs
+// every accepted one, and waits for the workers.
+type Queue struct {
+	cfg   Config
+	parts []part
+
+	startOnce sync.Once
+	closing   atomic.Bool // set by the first Close, before it starts the workers
+	closeOnce sync.Once
+	cancel    context.CancelFunc // cancels handlers' ctx when a drain is cut short
+	abort     chan struct{}      // closed when Close's ctx ends before the drain does
+	abortOnce sync.Once
+	abortFlag atomic.Bool   // set with abort, cheaper to check per job
+	done      chan struct{} // closed when every worker has returned
+
+	stats counters
+}
+
+var (
+	_ contend.Guard = (*Queue)(nil)
+	_ Backend       = (*Queue)(nil)
+)
+
+// Backend is the API both backends offer: this package's in-memory [Queue]
+// and package redisq's Redis Streams queue. Code written against it moves
+// from one process to many instances without change (the handlers must then
+// be idempotent: see the package doc).
+type Backend interface {
+	Submit(ctx context.Context, key string, payload []byte) ([]byte, error)
+	Enqueue(ctx context.Context, key string, payload []byte) error
+	Run(ctx context.Context) error
+	Close(ctx context.Context) error
+}
+
+// part is one partition's buffer.
+type part struct {
+	ch chan item
+	// mu is held shared by producers while they put a job in ch, and
+	// exclusively by the closer, so that no producer sends on a closed ch.
+	// One per partition: producers of different partitions never touch the
+	// same lock.
+	mu     sync.RWMutex
+	closed bool // guarded by mu
+	_      [64]byte
+}
+
+// New returns a queue for cfg. It starts no goroutine: call Run.
+func New(cfg Config) (*Queue, error) {
+	cfg, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	q := &Queue{
+		cfg:   cfg,
+		parts: make([]part, cfg.Partitions),
+		abort: make(chan struct{}),
+		done:  make(chan struct{}),
+	}
+	for i := range q.parts {
+		q.parts[i].ch = make(chan item, cfg.Buffer)
+	}
+	q.stats.partitions = make([]partitionCounters, cfg.Partitions)
+	return q, nil
+}
+
+// Partition returns the partition of key: FNV-1a 64 of the key's bytes,
+// modulo the number of partitions. The hash is stable across processes and
+// Go versions, so instances that agree on Partitions agree on the mapping.
+func (q *Queue) Partition(key string) int { return partition(key, len(q.parts)) }
+
+func partition(key string, n int) int {
+	const (
+		offset = 14695981039346656037
+		prime  = 1099511628211
+	)
+	h := uint64(offset)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
+		h *= prime
+	}
+	return int(h % uint64(n))
+}
+
+// Run starts one worker per partition and blocks until the queue is closed,
+// then returns nil; or until ctx ends, then it drains like Close without a
+// deadline and returns ctx's error. Handlers run with a ctx that carries
+// ctx's values but not its cancellation, so a drain can finish. A second Run,
+// or Run after Close, returns an error.
+func (q *Queue) Run(ctx context.Context) error {
+	if !q.start(ctx) {
+		if q.closing.Load() {
+			return ErrClosed
+		}
+		return ErrRunning
+	}
+	select {
+	case <-q.done:
+		return nil
+	case <-ctx.Done():
+		_ = q.Close(context.WithoutCancel(ctx))
+		return context.Cause(ctx)
+	}
+}
+
+// start launches the workers once; it reports whether this call did.
+func (q *Queue) start(ctx context.Context) bool {
+	ok := false
+	q.startOnce.Do(func() {
+		ok = true
+		hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		q.cancel = cancel
+		var wg sync.WaitGroup
+		for p := range q.parts {
+			wg.Go(func() { q.work(hctx, p) })
+		}
+		go func() {
+			wg.Wait()
+			cancel()
+			close(q.done)
+		}()
+	})
+	return ok
+}
+
+// Close stops taking jobs, runs every job already accepted, and waits for the
+// workers. When ctx ends first it cancels the running handlers' ctx, answers
+// the jobs not yet started with ErrClosed, still waits for the workers to
+// return, and returns ctx's error. Close works before Run (it then runs the
+// buffered jobs itself) and is idempotent.
+func (q *Queue) Close(ctx context.Context) error {
+	q.closeOnce.Do(func() {
+		q.closing.Store(true)
+		q.start(context.Background())
+		go func() {
+			// Waits for producers mid-send: the workers are running, so
+			// their sends complete (or give up with their ctx).
+			for i := range q.parts {
+				pt := &q.parts[i]
+				pt.mu.Lock()
+				pt.closed = true
+				close(pt.ch)
+				pt.mu.Unlock()
+			}
+		}()
+	})
+	select {
+	case <-q.done:
+		return nil
+	case <-ctx.Done():
+		q.abortOnce.Do(func() {
+			q.abortFlag.Store(true)
+			close(q.abort)
+			q.cancel()
+		})
+		<-q.done
+		return context.Cause(ctx)
+	}
+}
+
+// Submit puts a job for key in its partition and waits for its result. If ctx
+// ends before the job starts, the job is withdrawn, never runs, and Submit
+// returns ctx's error; once it has started, Submit waits for its answer, so
+// the caller always learns whether it happened. A job that failed on every
+// delivery returns an error matching [ErrDeadLettered] and the handler's error.
+func (q *Queue) Submit(ctx context.Context, key string, payload []byte) ([]byte, error) {
+	w := &waiter{reply: make(chan outcome, 1)}
+	if err := q.put(ctx, item{key: key, payload: payload, w: w}); err != nil {
+		return nil, err
+	}
+	o, err := w.await(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return o.value, o.err
+}
+
+// Enqueue puts a job for key in its partition and returns once it is
+// accepted: fire and forget. In memory, "accepted" means in this process's
+// buffer: it is lost if the process dies.
+func (q *Queue) Enqueue(ctx context.Context, key string, payload []byte) error {
+	return q.put(ctx, item{key: key, payload: payload})
+}
+
+// Do runs fn on key's partition worker and returns fn's error: no two fns (or
+// jobs) for one key overlap, within this process only. fn gets ctx; if ctx
+// ends before fn starts, fn never runs. A panic in fn is re-raised in the
+// caller of Do.
+func (q *Queue) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
+	if fn == nil {
+		return fmt.Errorf("queue: nil fn: %w", contend.ErrInvalid)
+	}
+	w := &waiter{fn: fn, ctx: ctx, reply: make(chan outcome, 1)}
+	if err := q.put(ctx, item{key: key, w: w}); err != nil {
+		return err
+	}
+	o, err := w.await(ctx)
+	if err != nil {
+		return err
+	}
+	if o.panicked {
+		panic(o.panicValue)
+	}
+	return o.err
+}
+
+func (q *Queue) put(ctx context.Context, it item) error {
+	if it.key == "" {
+		return fmt.Errorf("queue: empty key: %w", contend.ErrInvalid)
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	pt := &q.parts[partition(it.key, len(q.parts))]
+	pt.mu.RLock()
+	err := pt.send(ctx, it, q.cfg.RefuseWhenFull, q.abort)
+	pt.mu.RUnlock()
+	return err
+}
+
+// send puts it in pt's buffer; the caller holds pt.mu shared.
+func (pt *part) send(ctx context.Context, it item, refuse bool, abort <-chan struct{}) error {
+	if pt.closed {
+		return ErrClosed
+	}
+	// Try without waiting first: a buffer with room is the common case,
+	// and the three-way select below costs more.
+	select {
+	case pt.ch <- it:
+		return nil
+	default:
+	}
+	if refuse {
+		return fmt.Errorf("queue: partition of %s: %w", it.key, ErrFull)
+	}
+	select {
+	case pt.ch <- it:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-abort:
+		return ErrClosed
+	}
+}
+
+// item is a job in a buffer. It is a value, so that Enqueue allocates
+// nothing: only a caller that waits (Submit, Do) adds a waiter.
+type item struct {
+	key     string
+	payload []byte
+	w       *waiter // nil for Enqueue
+}
+
+// waiter is the caller's side of a job it waits for.
+type waiter struct {
+	fn    func(context.Context) error // set for Do
+	ctx   context.Context             // Do's ctx, handed to fn
+	reply chan outcome                // buffered, so a worker never waits on it
+	state atomic.Int32                // pending, running or withdrawn
+}
+
+const (
+	pending = iota
+	running
+	withdrawn
+)
+
+type outcome struct {
+	value      []byte
+	err        error
+	panicked   bool
+	panicValue any
+}
+
+// take claims it for running; false means its submitter withdrew it.
+func (it item) take() bool { return it.w == nil || it.w.state.CompareAndSwap(pending, running) }
+
+func (it item) answer(o outcome) {
+	if it.w != nil {
+		it.w.reply <- o
+	}
+}
+
+func (it item) isFn() bool { return it.w != nil && it.w.fn != nil }
+
+// await waits for it's outcome. When ctx ends first and it has not started, it
+// is withdrawn and await returns ctx's error; once started, await waits for
+// the outcome, so a caller never gives up on a job that is running.
+func (w *waiter) await(ctx context.Context) (outcome, error) {
+	select {
+	case o := <-w.reply:
+		return o, nil
+	case <-ctx.Done():
+		if w.state.CompareAndSwap(pending, withdrawn) {
+			return outcome{}, context.Cause(ctx)
+		}
+		return <-w.reply, nil
+	}
+}
+
+// work consumes partition p until its buffer is closed and empty.
+func (q *Queue) work(ctx context.Context, p int) {
+	var (
+		ch      = q.parts[p].ch
+		next    item // a guard's fn that ended a batch, run next
+		hasNext bool
+		batch   []item
+		pc      = &q.stats.partitions[p]
+	)
+	for {
+		it := next
+		if hasNext {
+			next, hasNext = item{}, false
+		} else {
+			var ok bool
+			if it, ok = <-ch; !ok {
+				return
+			}
+		}
+		if !it.take() {
+			continue
+		}
+		if it.isFn() {
+			if q.aborted() {
+				it.answer(outcome{err: ErrClosed})
+				continue
+			}
+			q.runFn(it.w)
+			continue
+		}
+		if q.cfg.BatchHandler == nil {
+			var closed bool
+			if next, hasNext, closed = q.runPlain(ctx, pc, ch, it); closed {
+				return
+			}
+			continue
+		}
+		// Take the jobs already waiting behind it, up to MaxBatch, stopping
+		// at a guard's fn, which must run alone and in its place.
+		batch = append(batch[:0], it)
+	collect:
+		for len(batch) < q.cfg.MaxBatch {
+			select {
+			case j, ok := <-ch:
+				if !ok {
+					break collect
+				}
+				if j.isFn() {
+					next, hasNext = j, true
+					break collect
+				}
+				if j.take() {
+					batch = append(batch, j)
+				}
+			default:
+				break collect
+			}
+		}
+		pc.inFlight.Add(int64(len(batch)))
+		if q.aborted() {
+			for _, it := range batch {
+				it.answer(outcome{err: ErrClosed})
+			}
+		} else {
+			q.runBatch(ctx, pc, batch)
+		}
+		pc.inFlight.Add(-int64(len(batch)))
+		clear(batch) // let the jobs' payloads go
+	}
+}
+
+func (q *Queue) aborted() bool { return q.abortFlag.Load() }
+
+func (q *Queue) runFn(w *waiter) {
+	if err := context.Cause(w.ctx); err != nil {
+		w.reply <- outcome{err: err}
+		return
+	}
+	var o outcome
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				o = outcome{panicked: true, panicValue: r}
+			}
+		}()
+		o.err = w.fn(w.ctx)
+	}()
+	w.reply <- o
+}
+
+func (q *Queue) retryable(err error) bool {
+	return q.cfg.Retryable == nil || q.cfg.Retryable(err)
+}
+
+// runPlain runs the plain handler on it and on the jobs waiting behind it,
+// up to MaxBatch, in order, without copying them anywhere: the counters are
+// updated once for all of them. It stops early at a guard's fn, which it
+// returns to run next, or when the buffer is closed and empty.
+func (q *Queue) runPlain(ctx context.Context, pc *partitionCounters, ch <-chan item, it item) (next item, hasNext, closed bool) {
+	pc.inFlight.Add(1)
+	handled := 0
+loop:
+	for n := 1; ; n++ {
+		if q.aborted() {
+			it.answer(outcome{err: ErrClosed})
+		} else if q.runOne(ctx, pc, it) {
+			handled++
+		}
+		if n >= q.cfg.MaxBatch {
+			break
+		}
+		for {
+			select {
+			case j, ok := <-ch:
+				if !ok {
+					closed = true
+					break loop
+				}
+				if j.isFn() {
+					next, hasNext = j, true
+					break loop
+				}
+				if !j.take() {
+					continue
+				}
+				it = j
+				continue loop
+			default:
+				break loop
+			}
+		}
+	}
+	pc.handled.Add(int64(handled))
+	pc.inFlight.Add(-1)
+	return next, hasNext, closed
+}
+
+// runOne runs the plain handler on it and answers it; it reports whether the
+// handler succeeded.
+func (q *Queue) runOne(ctx context.Context, pc *partitionCounters, it item) bool {
+	job := Job{Key: it.key, Payload: it.payload, Attempt: 1}
+	// The first delivery runs outside the retry loop: most jobs succeed at
+	// once, and the loop's closure would cost an allocation per job.
+	value, err := callHandler(ctx, q.cfg.Handler, job)
+	if err != nil {
+		value, err = q.redeliver(ctx, pc, job, err)
+	}
+	it.answer(outcome{value: value, err: err})
+	return err == nil
+}
+
+// redeliver runs a job whose first delivery failed with err again, under the
+// retry policy, and dead-letters it when every delivery failed.
+func (q *Queue) redeliver(ctx context.Context, pc *partitionCounters, job Job, err error) ([]byte, error) {
+	q.failed(job, err)
+	if !q.retryable(err) || q.cfg.Retry.Attempts() <= 1 {
+		return nil, q.deadLetter(pc, job, err)
+	}
+	if werr := q.cfg.Retry.Wait(ctx, 1); werr != nil {
+		return nil, q.deadLetter(pc, job, fmt.Errorf("%w (after 1 attempt: %w)", werr, err))
+	}
+	retry := q.cfg.Retry
+	retry.MaxAttempts = retry.Attempts() - 1 // the first delivery is spent
+	var value []byte
+	_, err = retry.Do(ctx, func(ctx context.Context) error {
+		job.Attempt++
+		pc.redeliveries.Add(1)
+		var err error
+		if value, err = callHandler(ctx, q.cfg.Handler, job); err != nil {
+			q.failed(job, err)
+		}
+		return err
+	}, q.retryable)
+	if err != nil {
+		return nil, q.deadLetter(pc, job, err)
+	}
+	return value, nil
+}
+
+func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []item) {
+	jobs := make([]Job, len(items))
+	for i, it := range items {
+		jobs[i] = Job{Key: it.key, Payload: it.payload}
+	}
+	var results []Result
+	_, err := q.cfg.Retry.Do(ctx, func(ctx context.Context) error {
+		for i := range jobs {
+			jobs[i].Attempt++
+			if jobs[i].Attempt > 1 {
+				pc.redeliveries.Add(1)
+			}
+		}
+		var err error
+		if results, err = callBatch(ctx, q.cfg.BatchHandler, jobs); err != nil {
+			for _, j := range jobs {
+				q.failed(j, err)
+			}
+		}
+		return err
+	}, q.retryable)
+	if err == nil {
+		pc.handled.Add(int64(len(items)))
+		for i, it := range items {
+			it.answer(outcome{value: results[i].Value, err: results[i].Err})
+		}
+		return
+	}
+	if len(items) == 1 || !q.retryable(err) || ctx.Err() != nil {
+		for i, it := range items {
+			it.answer(outcome{err: q.deadLetter(pc, jobs[i], err)})
+		}
+		return
+	}
+	// Find the job that keeps failing: run each alone, in order, so only it
+	// is dead-lettered and the others of the batch still get their answers.
+	for _, it := range items {
+		q.runBatch(ctx, pc, []item{it})
+	}
+}
+
+func (q *Queue) deadLetter(pc *partitionCounters, job Job, err error) error {
+	pc.deadLetters.Add(1)
+	if q.cfg.Observe != nil {
+		q.cfg.Observe(Event{Kind: EventDeadLettered, Key: job.Key, Partition: q.Partition(job.Key), Attempt: job.Attempt, Err: err})
+	}
+	if q.cfg.DeadLetter != nil {
+		q.cfg.DeadLetter(DeadLetter{Job: job, Err: err})
+	}
+	return fmt.Errorf("%w: job for %s after %d deliveries: %w", ErrDeadLettered, job.Key, job.Attempt, err)
+}
+
+func (q *Queue) failed(job Job, err error) {
+	if q.cfg.Observe != nil {
+		q.cfg.Observe(Event{Kind: EventFailed, Key: job.Key, Partition: q.Partition(job.Key), Attempt: job.Attempt, Err: err})
+	}
+}
+
+func callHandler(ctx context.Context, h Handler, job Job) (value []byte, err error) {
+	defer recoverAsError(&err)
+	return h(ctx, job)
+}
+
+func callBatch(ctx context.Context, h BatchHandler, jobs []Job) (results []Result, err error) {
+	defer recoverAsError(&err)
+	// The handler gets its own copy: it may keep or change the slice.
+	results, err = h(ctx, append([]Job(nil), jobs...))
+	if err == nil && len(results) != len(jobs) {
+		err = fmt.Errorf("queue: batch handler returned %d results for %d jobs", len(results), len(jobs))
+	}
+	return results, err
+}
+
+func recoverAsError(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: %v\n%s", ErrPanic, r, debug.Stack())
+	}
+}

@@ -1,0 +1,481 @@
+package queue_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/queue"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+// start builds a queue, runs it, and closes it when t ends, checking that
+// Run returned cleanly.
+func start(t testing.TB, cfg queue.Config) *queue.Queue {
+	t.Helper()
+	q, err := queue.New(cfg)
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(context.Background()) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, q.Close(ctx))
+		if err := <-ran; !errors.Is(err, queue.ErrClosed) { // Close may come first
+			require.NoError(t, err)
+		}
+	})
+	return q
+}
+
+func echo(_ context.Context, job queue.Job) ([]byte, error) { return job.Payload, nil }
+
+// fast retries quickly: tests wait on outcomes, not on backoff.
+var fast = contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	batch := func(context.Context, []queue.Job) ([]queue.Result, error) { return nil, nil }
+	for name, cfg := range map[string]queue.Config{
+		"zero partitions":     {Partitions: 0, Handler: echo},
+		"negative partitions": {Partitions: -1, Handler: echo},
+		"nil handler":         {Partitions: 1},
+		"both handlers":       {Partitions: 1, Handler: echo, BatchHandler: batch},
+		"negative buffer":     {Partitions: 1, Handler: echo, Buffer: -1},
+		"negative max batch":  {Partitions: 1, BatchHandler: batch, MaxBatch: -1},
+	} {
+		q, err := queue.New(cfg)
+		require.ErrorIs(t, err, contend.ErrInvalid, name)
+		require.Nil(t, q, name)
+	}
+}
+
+func TestBadCallInput(t *testing.T) {
+	t.Parallel()
+	q := start(t, queue.Config{Partitions: 2, Handler: echo})
+	ctx := t.Context()
+	_, err := q.Submit(ctx, "", nil)
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	require.ErrorIs(t, q.Enqueue(ctx, "", nil), contend.ErrInvalid)
+	require.ErrorIs(t, q.Do(ctx, "k", nil), contend.ErrInvalid)
+	require.ErrorIs(t, q.Do(ctx, "", func(context.Context) error { return nil }), contend.ErrInvalid)
+}
+
+func TestSubmitReturnsResult(t *testing.T) {
+	t.Parallel()
+	q := start(t, queue.Config{Partitions: 4, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		return []byte(job.Key + ":" + string(job.Payload)), nil
+	}})
+	got, err := q.Submit(t.Context(), "sku-1", []byte("buy"))
+	require.NoError(t, err)
+	require.Equal(t, "sku-1:buy", string(got))
+}
+
+func TestPartitionIsStableFNV1a(t *testing.T) {
+	t.Parallel()
+	q, err := queue.New(queue.Config{Partitions: 16, Handler: echo})
+	require.NoError(t, err)
+	// Pinning the mapping to FNV-1a 64
+	// catches a change of hash, which would move keys between partitions of
+	// instances that run different versions.
+	require.Equal(t, fnv1a("sku-1")%16, uint64(q.Partition("sku-1")))
+	require.Equal(t, fnv1a("hot")%16, uint64(q.Partition("hot")))
+	for i := range 100 {
+		k := strconv.Itoa(i)
+		require.Equal(t, q.Partition(k), q.Partition(k))
+	}
+}
+
+// fnv1a is the reference: the standard library's hash/fnv would do, written
+// out here so the test does not share code with what it checks.
+func fnv1a(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for _, c := range []byte(s) {
+		h = (h ^ uint64(c)) * 1099511628211
+	}
+	return h
+}
+
+// Jobs of one key run one at a time, in the order each producer submitted
+// them, while keys spread over partitions: 8 producers × 40 keys × 25 jobs.
+func TestOrderPerKey(t *testing.T) {
+	t.Parallel()
+	const producers, keys, jobs = 8, 40, 25
+	var (
+		mu     sync.Mutex         // protects last and inside
+		last   = map[string]int{} // key/producer → last sequence seen
+		inside = map[string]int{} // key → handlers running now
+		bad    atomic.Int64
+		seen   atomic.Int64
+	)
+	q := start(t, queue.Config{Partitions: 8, Buffer: 16, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		var p, seq int
+		_, err := fmt.Sscanf(string(job.Payload), "%d %d", &p, &seq)
+		if err != nil {
+			return nil, err
+		}
+		id := job.Key + "/" + strconv.Itoa(p)
+		mu.Lock()
+		if inside[job.Key]++; inside[job.Key] > 1 {
+			bad.Add(1)
+		}
+		prev, ok := last[id]
+		if ok && seq != prev+1 || !ok && seq != 0 {
+			bad.Add(1)
+		}
+		last[id] = seq
+		mu.Unlock()
+		seen.Add(1)
+		mu.Lock()
+		inside[job.Key]--
+		mu.Unlock()
+		return nil, nil
+	}})
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for p := range producers {
+		wg.Go(func() {
+			for seq := range jobs {
+				for k := range keys {
+					if err := q.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, q.Close(ctx), "Close drains every accepted job")
+	require.EqualValues(t, producers*keys*jobs, seen.Load())
+	require.Zero(t, bad.Load(), "jobs of one key ran out of order or overlapped")
+	require.EqualValues(t, producers*keys*jobs, q.Stats().Handled)
+}
+
+// Keys of different partitions run in parallel: the handler of key a waits
+// until key b's has started, which only a queue with more than one worker can
+// satisfy.
+func TestKeysRunInParallel(t *testing.T) {
+	t.Parallel()
+	started := map[string]chan struct{}{"a": make(chan struct{}), "b": make(chan struct{})}
+	q := start(t, queue.Config{Partitions: 8, Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
+		close(started[job.Key])
+		other := map[string]string{"a": "b", "b": "a"}[job.Key]
+		select {
+		case <-started[other]:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}})
+	require.NotEqual(t, q.Partition("a"), q.Partition("b"), "the test needs two partitions")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	errs := make(chan error, 2)
+	for _, k := range []string{"a", "b"} {
+		go func() {
+			_, err := q.Submit(ctx, k, nil)
+			errs <- err
+		}()
+	}
+	require.NoError(t, <-errs)
+	require.NoError(t, <-errs)
+}
+
+// A full buffer gives backpressure: a producer waits until ctx ends, or with
+// RefuseWhenFull gets ErrFull at once. Memory stays bounded by Buffer.
+func TestBackpressure(t *testing.T) {
+	t.Parallel()
+	for _, refuse := range []bool{false, true} {
+		t.Run("refuse="+strconv.FormatBool(refuse), func(t *testing.T) {
+			t.Parallel()
+			entered, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			q := start(t, queue.Config{Partitions: 1, Buffer: 2, RefuseWhenFull: refuse, Handler: func(context.Context, queue.Job) ([]byte, error) {
+				once.Do(func() { close(entered) })
+				<-release
+				return nil, nil
+			}})
+			defer close(release)
+			require.NoError(t, q.Enqueue(t.Context(), "k", nil))
+			<-entered // the worker holds the first job; the buffer is empty
+			require.NoError(t, q.Enqueue(t.Context(), "k", nil))
+			require.NoError(t, q.Enqueue(t.Context(), "k", nil))
+			require.Equal(t, 2, q.Stats().Depth)
+			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+			defer cancel()
+			err := q.Enqueue(ctx, "k", nil)
+			if refuse {
+				require.ErrorIs(t, err, queue.ErrFull)
+			} else {
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+			}
+			require.Equal(t, 2, q.Stats().Depth)
+		})
+	}
+}
+
+// A failing job is redelivered under the retry policy; one that keeps failing
+// goes to the dead-letter sink with its error, its submitter learns it, and
+// the next job of the same key still runs.
+func TestRetryAndDeadLetter(t *testing.T) {
+	t.Parallel()
+	var flaky atomic.Int32
+	dead := make(chan queue.DeadLetter, 4)
+	events := make(chan queue.Event, 32)
+	q := start(t, queue.Config{
+		Partitions: 2,
+		Retry:      fast,
+		DeadLetter: func(d queue.DeadLetter) { dead <- d },
+		Observe:    func(e queue.Event) { events <- e },
+		Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+			switch string(job.Payload) {
+			case "poison":
+				return nil, errPoison
+			case "flaky":
+				if flaky.Add(1) < 3 {
+					return nil, errors.New("transient")
+				}
+			case "panic":
+				panic("boom")
+			}
+			return job.Payload, nil
+		},
+	})
+	ctx := t.Context()
+
+	got, err := q.Submit(ctx, "k", []byte("flaky"))
+	require.NoError(t, err, "the third delivery succeeds")
+	require.Equal(t, "flaky", string(got))
+	require.EqualValues(t, 2, q.Stats().Redeliveries)
+
+	_, err = q.Submit(ctx, "k", []byte("poison"))
+	require.ErrorIs(t, err, queue.ErrDeadLettered)
+	require.ErrorIs(t, err, errPoison)
+	d := <-dead
+	require.Equal(t, "poison", string(d.Job.Payload))
+	require.Equal(t, 3, d.Job.Attempt)
+	require.ErrorIs(t, d.Err, errPoison)
+
+	_, err = q.Submit(ctx, "k", []byte("panic"))
+	require.ErrorIs(t, err, queue.ErrPanic, "a panic is an error, not a crash")
+	require.ErrorIs(t, (<-dead).Err, queue.ErrPanic)
+
+	got, err = q.Submit(ctx, "k", []byte("after"))
+	require.NoError(t, err, "the key moves on after a poison job")
+	require.Equal(t, "after", string(got))
+	require.EqualValues(t, 2, q.Stats().DeadLetters)
+
+	// flaky failed twice; poison and panic three times each, then went to
+	// the dead letters.
+	close(events)
+	kinds := map[queue.EventKind]int{}
+	for e := range events {
+		require.Equal(t, "k", e.Key)
+		require.Equal(t, q.Partition("k"), e.Partition)
+		require.Error(t, e.Err)
+		kinds[e.Kind]++
+	}
+	require.Equal(t, map[queue.EventKind]int{queue.EventFailed: 8, queue.EventDeadLettered: 2}, kinds)
+}
+
+// Errors that Retryable rejects are dead-lettered on their first delivery.
+func TestNotRetryable(t *testing.T) {
+	t.Parallel()
+	errFinal := errors.New("final")
+	var calls atomic.Int32
+	q := start(t, queue.Config{
+		Partitions: 1,
+		Retry:      fast,
+		Retryable:  func(err error) bool { return !errors.Is(err, errFinal) },
+		Handler: func(context.Context, queue.Job) ([]byte, error) {
+			calls.Add(1)
+			return nil, errFinal
+		},
+	})
+	_, err := q.Submit(t.Context(), "k", nil)
+	require.ErrorIs(t, err, errFinal)
+	require.EqualValues(t, 1, calls.Load())
+}
+
+// A submitter that gives up before its job starts withdraws it: it never runs.
+func TestSubmitWithdrawnWhenCtxEnds(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	var ran atomic.Int32
+	q := start(t, queue.Config{Partitions: 1, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		if string(job.Payload) == "block" {
+			close(entered)
+			<-release
+			return nil, nil
+		}
+		ran.Add(1)
+		return nil, nil
+	}})
+	require.NoError(t, q.Enqueue(t.Context(), "k", []byte("block")))
+	<-entered
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err := q.Submit(ctx, "k", []byte("late"))
+	require.ErrorIs(t, err, context.Canceled)
+	close(release)
+	_, err = q.Submit(t.Context(), "k", []byte("after"))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, ran.Load(), "only the job after ran; the withdrawn one did not")
+}
+
+func TestCloseBeforeRunDrains(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int32
+	q, err := queue.New(queue.Config{Partitions: 4, Handler: func(context.Context, queue.Job) ([]byte, error) {
+		handled.Add(1)
+		return nil, nil
+	}})
+	require.NoError(t, err)
+	for i := range 10 {
+		require.NoError(t, q.Enqueue(t.Context(), strconv.Itoa(i), nil))
+	}
+	require.NoError(t, q.Close(t.Context()))
+	require.NoError(t, q.Close(t.Context()), "Close is idempotent")
+	require.EqualValues(t, 10, handled.Load(), "jobs accepted before Run still run")
+	require.ErrorIs(t, q.Run(t.Context()), queue.ErrClosed)
+	require.ErrorIs(t, q.Enqueue(t.Context(), "k", nil), queue.ErrClosed)
+}
+
+func TestRunTwice(t *testing.T) {
+	t.Parallel()
+	q := start(t, queue.Config{Partitions: 1, Handler: echo})
+	// Run in start may not have begun yet; one of the two calls wins either
+	// way, so Submit first to be sure the queue is running.
+	_, err := q.Submit(t.Context(), "k", nil)
+	require.NoError(t, err)
+	require.ErrorIs(t, q.Run(t.Context()), queue.ErrRunning)
+}
+
+// Run's ctx ending drains like Close.
+func TestRunCtxEndDrains(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int32
+	q, err := queue.New(queue.Config{Partitions: 2, Handler: func(context.Context, queue.Job) ([]byte, error) {
+		handled.Add(1)
+		return nil, nil
+	}})
+	require.NoError(t, err)
+	for i := range 50 {
+		require.NoError(t, q.Enqueue(t.Context(), strconv.Itoa(i), nil))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.ErrorIs(t, q.Run(ctx), context.Canceled)
+	require.EqualValues(t, 50, handled.Load())
+}
+
+// Close under load loses no accepted job: every Enqueue that returned nil is
+// handled before Close returns, and the others say ErrClosed.
+func TestCloseUnderLoadLosesNothing(t *testing.T) {
+	t.Parallel()
+	var handled atomic.Int64
+	q, err := queue.New(queue.Config{Partitions: 4, Buffer: 8, Handler: func(context.Context, queue.Job) ([]byte, error) {
+		handled.Add(1)
+		return nil, nil
+	}})
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(context.Background()) }()
+
+	var (
+		accepted atomic.Int64
+		wg       sync.WaitGroup
+		half     = make(chan struct{})
+		halfOnce sync.Once
+		bad      = make(chan error, 16)
+	)
+	for g := range 16 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				err := q.Enqueue(context.Background(), fmt.Sprintf("k%d-%d", g, i%7), nil)
+				if errors.Is(err, queue.ErrClosed) {
+					return
+				}
+				if err != nil {
+					bad <- err
+					return
+				}
+				if accepted.Add(1) == 2000 {
+					halfOnce.Do(func() { close(half) })
+				}
+			}
+		})
+	}
+	<-half
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, q.Close(ctx))
+	wg.Wait()
+	close(bad)
+	for err := range bad {
+		require.NoError(t, err)
+	}
+	require.NoError(t, <-ran)
+	require.Equal(t, accepted.Load(), handled.Load(), "accepted jobs were lost")
+}
+
+// When Close's ctx ends before the drain, running handlers see their ctx
+// cancelled, waiting jobs are answered ErrClosed, and Close still returns
+// only after the workers have.
+func TestCloseDeadlineAborts(t *testing.T) {
+	t.Parallel()
+	entered := make(chan struct{})
+	q, err := queue.New(queue.Config{Partitions: 1, Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
+		if string(job.Payload) == "block" {
+			close(entered)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return nil, nil
+	}, Retry: fast})
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(context.Background()) }()
+
+	blocked := make(chan error, 1)
+	go func() {
+		_, err := q.Submit(context.Background(), "k", []byte("block"))
+		blocked <- err
+	}()
+	<-entered
+	waiting := make(chan error, 1)
+	require.NoError(t, q.Enqueue(t.Context(), "k", nil))
+	go func() {
+		_, err := q.Submit(context.Background(), "k", []byte("waits"))
+		waiting <- err
+	}()
+	for q.Stats().Depth < 2 {
+		// Wait for the second submit to reach the buffer; Depth is the
+		// signal, and Gosched keeps the loop from starving it.
+		runtime.Gosched()
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.ErrorIs(t, q.Close(ctx), context.Canceled)
+	require.ErrorIs(t, <-blocked, context.Canceled, "the running handler's ctx was cancelled")
+	require.ErrorIs(t, <-waiting, queue.ErrClosed)
+	require.NoError(t, <-ran)
+}

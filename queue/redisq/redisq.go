@@ -1,0 +1,633 @@
+// Package redisq is the Redis Streams backend of package queue, for many
+// instances: one stream per partition, each partition consumed by one
+// instance at a time, which holds a distlock lease on it.
+//
+// The guarantee: jobs of one key are handled one at a time, in the order they
+// were added to the stream, by whichever instance holds the key's partition;
+// an instance handles a job only while its lease is valid, and stops before
+// the next job once it is lost. When an instance dies, its leases expire, and
+// the next instance that takes a partition first redelivers the entries the
+// dead one had read but not acknowledged, in order, before new ones.
+//
+// The limits: delivery is at least once. A job whose handler ran but whose
+// acknowledgement did not reach Redis (the instance died in between, or lost
+// its lease) runs again on the next owner, and a stalled owner may still be
+// inside a handler when the next one starts. Handlers must be idempotent, and
+// a handler that writes to a database should check the lease's fencing token
+// ([Fence]) in the write: see package queue's doc. Instances take free
+// partitions up to their share, ⌈partitions / live instances⌉, found through
+// heartbeats, and hand partitions back when they hold more (an instance
+// joined), one per round.
+package redisq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/token"
+	"github.com/contend/contend/queue"
+)
+
+// ErrRemote wraps the error message a handler on another instance answered a
+// submitted job with: the error's type does not survive the trip.
+var ErrRemote = errors.New("redisq: handler failed")
+
+// Config configures a [Queue]. Redis, Partitions and one of Handler and
+// BatchHandler are required; every other field has a default.
+type Config struct {
+	// Redis is the client of the server holding the streams; the queue never
+	// closes it.
+	Redis redis.UniversalClient
+	// Prefix is put before every key the queue makes. Default: "queue:".
+	Prefix string
+	// Partitions is the number of streams. Every instance, producers too,
+	// must agree on it: it decides which stream a key goes to.
+	Partitions int
+	// Handler or BatchHandler processes jobs, as in package queue. Only
+	// instances that Run need one.
+	Handler      queue.Handler
+	BatchHandler queue.BatchHandler
+	// MaxBatch is how many entries are read, and given to a BatchHandler,
+	// at once. Default: 100.
+	MaxBatch int
+	// Retry bounds the deliveries of a failing job by one owner; after the
+	// last it goes to the partition's dead-letter stream. Default: the zero
+	// contend.Retry (10 deliveries).
+	Retry contend.Retry
+	// LeaseTTL is the lease of a partition: a dead instance's partitions
+	// move after at most this long. Default: 5s.
+	LeaseTTL time.Duration
+	// ReplyTTL is how long answers wait in Redis for an instance that
+	// submitted jobs and died. Default: 1m.
+	ReplyTTL time.Duration
+}
+
+// Defaults of [Config].
+const (
+	DefaultPrefix   = "queue:"
+	DefaultMaxBatch = 100
+	DefaultLeaseTTL = 5 * time.Second
+	DefaultReplyTTL = time.Minute
+)
+
+// poll bounds a blocking read, so that a worker notices Close and a lost
+// lease within this long even when its stream is idle.
+const poll = 200 * time.Millisecond
+
+const group = "workers"
+
+func (c Config) validate(needHandler bool) (Config, error) {
+	switch {
+	case c.Redis == nil:
+		return c, fmt.Errorf("redisq: nil Redis: %w", contend.ErrInvalid)
+	case c.Partitions <= 0:
+		return c, fmt.Errorf("redisq: partitions %d, want at least 1: %w", c.Partitions, contend.ErrInvalid)
+	case c.Handler != nil && c.BatchHandler != nil:
+		return c, fmt.Errorf("redisq: both Handler and BatchHandler set: %w", contend.ErrInvalid)
+	case needHandler && c.Handler == nil && c.BatchHandler == nil:
+		return c, fmt.Errorf("redisq: nil handler: %w", contend.ErrInvalid)
+	case c.MaxBatch < 0 || c.LeaseTTL < 0 || c.ReplyTTL < 0:
+		return c, fmt.Errorf("redisq: negative MaxBatch, LeaseTTL or ReplyTTL: %w", contend.ErrInvalid)
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.ReplyTTL == 0 {
+		c.ReplyTTL = DefaultReplyTTL
+	}
+	return c, nil
+}
+
+// Queue is one instance's view of the streams: a producer (Submit, Enqueue)
+// and, while Run runs, a consumer of the partitions it holds.
+type Queue struct {
+	cfg      Config
+	locks    *distlock.Client
+	consumer string // this instance's name in the consumer group
+
+	mu      sync.Mutex // protects the fields below
+	running bool
+	closed  bool
+	stop    context.CancelFunc // ends Run
+	ran     chan struct{}      // closed when Run has returned
+
+	ownMu sync.Mutex      // protects owned
+	owned []chan struct{} // per partition: nil when not held, else closed to hand it back
+
+	waiting    map[string]chan string // submitters by request id; the listener runs once it is set
+	stopListen context.CancelFunc     // ends the listener
+	listenDone chan struct{}          // closed when the listener has returned
+}
+
+// New returns a queue for cfg. It starts no goroutine until Run.
+func New(cfg Config) (*Queue, error) {
+	cfg, err := cfg.validate(false)
+	if err != nil {
+		return nil, err
+	}
+	locks, err := distlock.NewClient(cfg.Redis, distlock.Config{Prefix: cfg.Prefix + "lease:", TTL: cfg.LeaseTTL})
+	if err != nil {
+		return nil, fmt.Errorf("redisq: %w", err)
+	}
+	return &Queue{cfg: cfg, locks: locks, consumer: token.New(), ran: make(chan struct{}), listenDone: make(chan struct{}),
+		owned: make([]chan struct{}, cfg.Partitions)}, nil
+}
+
+var _ queue.Backend = (*Queue)(nil)
+
+// stream is partition p's stream; the hash tag keeps it and its dead letters
+// on one Cluster slot.
+func (q *Queue) stream(p int) string { return q.cfg.Prefix + "{" + strconv.Itoa(p) + "}" }
+
+// DeadLetters is the name of partition p's dead-letter stream.
+func (q *Queue) DeadLetters(p int) string { return q.stream(p) + ":dead" }
+
+// Partition returns key's partition: the same FNV-1a 64 mapping as package
+// queue.
+func (q *Queue) Partition(key string) int { return partition(key, q.cfg.Partitions) }
+
+func partition(key string, n int) int {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * 1099511628211
+	}
+	return int(h % uint64(n))
+}
+
+// Enqueue adds a job for key to its partition's stream and returns once Redis
+// has it.
+func (q *Queue) Enqueue(ctx context.Context, key string, payload []byte) error {
+	_, err := q.add(ctx, key, payload, "")
+	return err
+}
+
+func (q *Queue) add(ctx context.Context, key string, payload []byte, reply string) (string, error) {
+	if key == "" {
+		return "", fmt.Errorf("redisq: empty key: %w", contend.ErrInvalid)
+	}
+	values := []any{"key", key, "payload", payload}
+	if reply != "" {
+		values = append(values, "reply", q.replies(), "request", reply)
+	}
+	id, err := q.cfg.Redis.XAdd(ctx, &redis.XAddArgs{Stream: q.stream(q.Partition(key)), Values: values}).Result()
+	if err != nil {
+		return "", fmt.Errorf("redisq: add job for %s: %w", key, err)
+	}
+	return id, nil
+}
+
+// Submit adds a job for key and waits for its answer, from whichever
+// instance handles it. A handler's error comes back matching [ErrRemote]
+// with its message. When ctx ends first the job stays in the stream and may
+// still run.
+//
+// Answers come back on one list per instance, read by one goroutine that
+// Submit starts and Close stops, so that waiting submitters hold no Redis
+// connection each.
+func (q *Queue) Submit(ctx context.Context, key string, payload []byte) ([]byte, error) {
+	id := token.New()
+	answer := make(chan string, 1)
+	if err := q.await(id, answer); err != nil {
+		return nil, err
+	}
+	defer q.forget(id)
+	if _, err := q.add(ctx, key, payload, id); err != nil {
+		return nil, err
+	}
+	select {
+	case a := <-answer:
+		return decodeAnswer(a)
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	case <-q.listenDone:
+		return nil, queue.ErrClosed
+	}
+}
+
+// replies is the list this instance's submitters get their answers on.
+func (q *Queue) replies() string { return q.cfg.Prefix + "replies:" + q.consumer }
+
+func (q *Queue) await(id string, answer chan string) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return queue.ErrClosed
+	}
+	if q.waiting == nil {
+		q.waiting = map[string]chan string{}
+		ctx, cancel := context.WithCancel(context.Background())
+		q.stopListen = cancel
+		go q.listen(ctx)
+	}
+	q.waiting[id] = answer
+	return nil
+}
+
+func (q *Queue) forget(id string) {
+	q.mu.Lock()
+	delete(q.waiting, id)
+	q.mu.Unlock()
+}
+
+// listen hands the answers on the reply list to their submitters until ctx
+// ends.
+func (q *Queue) listen(ctx context.Context) {
+	defer close(q.listenDone)
+	for ctx.Err() == nil {
+		// A second is the shortest block go-redis sends; it bounds how long
+		// Close waits for the listener.
+		res, err := q.cfg.Redis.BLPop(ctx, time.Second, q.replies()).Result()
+		if err != nil {
+			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+				// Redis is failing: do not spin on it.
+				select {
+				case <-time.After(poll):
+				case <-ctx.Done():
+				}
+			}
+			continue
+		}
+		id, a, _ := strings.Cut(res[1], "|")
+		q.mu.Lock()
+		answer, ok := q.waiting[id]
+		q.mu.Unlock()
+		if ok {
+			answer <- a // buffered, and each id is answered once
+		}
+	}
+}
+
+func encodeAnswer(r queue.Result) string {
+	if r.Err != nil {
+		return "e" + r.Err.Error()
+	}
+	return "v" + string(r.Value)
+}
+
+func decodeAnswer(s string) ([]byte, error) {
+	if strings.HasPrefix(s, "e") {
+		return nil, fmt.Errorf("%w: %s", ErrRemote, s[1:])
+	}
+	return []byte(strings.TrimPrefix(s, "v")), nil
+}
+
+type fenceKey struct{}
+
+// Fence returns the fencing token of the partition lease under which the
+// handler that got ctx runs: larger than every earlier owner's. A database
+// write that records the largest token seen and refuses smaller ones refuses
+// an owner whose lease ran out while it stalled.
+func Fence(ctx context.Context) (int64, bool) {
+	f, ok := ctx.Value(fenceKey{}).(int64)
+	return f, ok
+}
+
+// Run takes the partitions no live instance holds and consumes them until
+// ctx ends or Close is called; it then stops each partition, releases the
+// leases and returns ctx's error, or nil after Close. A handler running at
+// that moment sees its ctx cancelled; its job, and the entries read but not
+// yet handled, stay pending, and the next owner redelivers them: they are
+// handed back, not lost.
+func (q *Queue) Run(ctx context.Context) error {
+	if _, err := q.cfg.validate(true); err != nil {
+		return err
+	}
+	q.mu.Lock()
+	switch {
+	case q.closed:
+		q.mu.Unlock()
+		return queue.ErrClosed
+	case q.running:
+		q.mu.Unlock()
+		return queue.ErrRunning
+	}
+	q.running = true
+	parent := ctx
+	ctx, stop := context.WithCancel(ctx)
+	q.stop = stop
+	q.mu.Unlock()
+	defer close(q.ran)
+	defer stop()
+
+	var wg sync.WaitGroup
+	defer q.leave()
+	// Partitions whose owner died become free after their lease; look
+	// again well within one lease.
+	every := max(q.cfg.LeaseTTL/4, poll)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		q.balance(ctx, &wg, every)
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return context.Cause(parent) // nil when Close ended the run
+		case <-tick.C:
+		}
+	}
+}
+
+// heartbeat records this instance as live, in Redis's clock so that the
+// instances' clocks need not agree, forgets instances silent for longer than
+// ttl milliseconds, and returns how many are live.
+var heartbeat = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return redis.call('ZCARD', KEYS[1])
+`)
+
+func (q *Queue) instances() string { return q.cfg.Prefix + "instances" }
+
+// balance aims for this instance's share of the partitions, ⌈partitions /
+// live instances⌉: it takes free partitions up to its share, and hands one
+// back per round while it holds more, so that a joining instance gets work
+// and a leaving one's partitions spread over the others.
+func (q *Queue) balance(ctx context.Context, wg *sync.WaitGroup, every time.Duration) {
+	live, err := heartbeat.Run(ctx, q.cfg.Redis, []string{q.instances()}, q.consumer, (3 * every).Milliseconds()).Int()
+	if err != nil || live < 1 {
+		live = 1 // Redis is failing: keep what we hold, the leases decide
+	}
+	share := (q.cfg.Partitions + live - 1) / live
+	q.ownMu.Lock()
+	held := 0
+	for _, quit := range q.owned {
+		if quit != nil && !isClosed(quit) {
+			held++
+		}
+	}
+	if held > share {
+		for p := len(q.owned) - 1; p >= 0; p-- {
+			if quit := q.owned[p]; quit != nil && !isClosed(quit) {
+				close(quit) // the worker stops before its next job and releases the lease
+				break
+			}
+		}
+	}
+	q.ownMu.Unlock()
+	for p := 0; p < q.cfg.Partitions && held < share; p++ {
+		q.ownMu.Lock()
+		taken := q.owned[p] != nil
+		q.ownMu.Unlock()
+		if taken {
+			continue
+		}
+		l, err := q.locks.TryObtain(ctx, "partition:"+strconv.Itoa(p), q.cfg.LeaseTTL)
+		if err != nil {
+			continue // held by another instance, or Redis is down: next round
+		}
+		held++
+		quit := make(chan struct{})
+		q.ownMu.Lock()
+		q.owned[p] = quit
+		q.ownMu.Unlock()
+		wg.Go(func() {
+			q.consume(ctx, p, l, quit)
+			q.ownMu.Lock()
+			q.owned[p] = nil
+			q.ownMu.Unlock()
+		})
+	}
+}
+
+// leave tells the other instances at once that this one is gone, so they
+// take its share without waiting for its heartbeat to lapse.
+func (q *Queue) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	q.cfg.Redis.ZRem(ctx, q.instances(), q.consumer)
+}
+
+// Owned returns the partitions this instance consumes now.
+func (q *Queue) Owned() []int {
+	q.ownMu.Lock()
+	defer q.ownMu.Unlock()
+	var ps []int
+	for p, quit := range q.owned {
+		if quit != nil && !isClosed(quit) {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close stops Run (waiting for it, or for ctx) and frees the lease client.
+// It works before Run and is idempotent.
+func (q *Queue) Close(ctx context.Context) error {
+	q.mu.Lock()
+	first := !q.closed
+	q.closed = true
+	running, stop := q.running, q.stop
+	listening, stopListen := q.waiting != nil, q.stopListen
+	q.mu.Unlock()
+	if listening {
+		stopListen()
+		select {
+		case <-q.listenDone:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	if running {
+		stop()
+		select {
+		case <-q.ran:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	if first {
+		return q.locks.Close(ctx)
+	}
+	return nil
+}
+
+// consume handles partition p while l holds it.
+func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-chan struct{}) {
+	held := l.Hold(ctx) // cancelled the moment the lease is lost
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = l.Release(rctx)
+	}()
+	hctx := context.WithValue(held, fenceKey{}, l.Fence())
+	on := func() bool { return hctx.Err() == nil && !isClosed(quit) }
+	stream := q.stream(p)
+	if err := q.cfg.Redis.XGroupCreateMkStream(hctx, stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return
+	}
+	// First the entries an earlier owner read and never acknowledged, in
+	// order: they come before anything new of their keys.
+	for cursor := "0-0"; on(); {
+		msgs, next, err := q.cfg.Redis.XAutoClaim(hctx, &redis.XAutoClaimArgs{
+			Stream: stream, Group: group, Consumer: q.consumer, Start: cursor, Count: int64(q.cfg.MaxBatch),
+		}).Result()
+		if err != nil {
+			return
+		}
+		if !q.process(hctx, p, msgs, on) {
+			return
+		}
+		if next == "0-0" {
+			break
+		}
+		cursor = next
+	}
+	for on() {
+		res, err := q.cfg.Redis.XReadGroup(hctx, &redis.XReadGroupArgs{
+			Group: group, Consumer: q.consumer, Streams: []string{stream, ">"},
+			Count: int64(q.cfg.MaxBatch), Block: poll,
+		}).Result()
+		if errors.Is(err, redis.Nil) {
+			continue
+		}
+		if err != nil {
+			return
+		}
+		if !q.process(hctx, p, res[0].Messages, on) {
+			return
+		}
+	}
+}
+
+// process handles msgs in order; it reports false when it stopped early
+// because the lease was lost or Run is ending, or Redis failed.
+func (q *Queue) process(ctx context.Context, p int, msgs []redis.XMessage, on func() bool) bool {
+	if len(msgs) == 0 {
+		return true
+	}
+	if q.cfg.BatchHandler == nil {
+		for _, m := range msgs {
+			if !on() {
+				return false
+			}
+			job := toJob(m)
+			var value []byte
+			_, err := q.cfg.Retry.Do(ctx, func(ctx context.Context) error {
+				job.Attempt++
+				var err error
+				value, err = callHandler(ctx, q.cfg.Handler, job)
+				return err
+			}, nil)
+			if !q.finish(ctx, p, []redis.XMessage{m}, []queue.Job{job}, []queue.Result{{Value: value}}, err) {
+				return false
+			}
+		}
+		return true
+	}
+	if !on() {
+		return false
+	}
+	jobs := make([]queue.Job, len(msgs))
+	for i, m := range msgs {
+		jobs[i] = toJob(m)
+	}
+	var results []queue.Result
+	_, err := q.cfg.Retry.Do(ctx, func(ctx context.Context) error {
+		for i := range jobs {
+			jobs[i].Attempt++
+		}
+		var err error
+		results, err = callBatch(ctx, q.cfg.BatchHandler, jobs)
+		return err
+	}, nil)
+	if err != nil && len(msgs) > 1 && ctx.Err() == nil {
+		// Run each alone, so only the job that keeps failing is
+		// dead-lettered.
+		for _, m := range msgs {
+			if !q.process(ctx, p, []redis.XMessage{m}, on) {
+				return false
+			}
+		}
+		return true
+	}
+	return q.finish(ctx, p, msgs, jobs, results, err)
+}
+
+// finish answers, dead-letters (on err) and acknowledges msgs. The dead
+// letter and the answer are written before the acknowledgement, so a crash
+// in between duplicates them rather than losing the job.
+func (q *Queue) finish(ctx context.Context, p int, msgs []redis.XMessage, jobs []queue.Job, results []queue.Result, err error) bool {
+	if err != nil && ctx.Err() != nil {
+		return false // the lease was lost mid-job: the next owner redelivers it
+	}
+	ids := make([]string, len(msgs))
+	pipe := q.cfg.Redis.TxPipeline()
+	for i, m := range msgs {
+		ids[i] = m.ID
+		r := queue.Result{Err: err}
+		if err == nil {
+			r = results[i]
+		} else {
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: q.DeadLetters(p), Values: []any{
+				"key", jobs[i].Key, "payload", jobs[i].Payload, "id", m.ID,
+				"attempts", jobs[i].Attempt, "error", err.Error(),
+			}})
+		}
+		if reply, ok := m.Values["reply"].(string); ok {
+			req, _ := m.Values["request"].(string)
+			pipe.LPush(ctx, reply, req+"|"+encodeAnswer(r))
+			pipe.PExpire(ctx, reply, q.cfg.ReplyTTL)
+		}
+	}
+	stream := q.stream(p)
+	pipe.XAck(ctx, stream, group, ids...)
+	// Trim below the lowest unacknowledged entry, never by length: one
+	// owner handles the partition in order, so everything up to the last
+	// acknowledged id is done.
+	pipe.XTrimMinID(ctx, stream, ids[len(ids)-1])
+	_, perr := pipe.Exec(ctx)
+	return perr == nil
+}
+
+func toJob(m redis.XMessage) queue.Job {
+	key, _ := m.Values["key"].(string)
+	payload, _ := m.Values["payload"].(string)
+	return queue.Job{Key: key, Payload: []byte(payload)}
+}
+
+func callHandler(ctx context.Context, h queue.Handler, job queue.Job) (value []byte, err error) {
+	defer recoverAsError(&err)
+	return h(ctx, job)
+}
+
+func callBatch(ctx context.Context, h queue.BatchHandler, jobs []queue.Job) (results []queue.Result, err error) {
+	defer recoverAsError(&err)
+	results, err = h(ctx, append([]queue.Job(nil), jobs...))
+	if err == nil && len(results) != len(jobs) {
+		err = fmt.Errorf("redisq: batch handler returned %d results for %d jobs", len(results), len(jobs))
+	}
+	return results, err
+}
+
+func recoverAsError(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("%w: %v", queue.ErrPanic, r)
+	}
+}

@@ -1,0 +1,338 @@
+package redisq_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/queue"
+	"github.com/contend/contend/queue/redisq"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+var fast = contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond}
+
+// instance builds a queue on client/prefix and, when it has a handler, runs
+// it until t ends.
+func instance(t testing.TB, client *redis.Client, prefix string, cfg redisq.Config) *redisq.Queue {
+	t.Helper()
+	cfg.Redis, cfg.Prefix = client, prefix
+	if cfg.Partitions == 0 {
+		cfg.Partitions = 4
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = time.Second
+	}
+	q, err := redisq.New(cfg)
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	if cfg.Handler != nil || cfg.BatchHandler != nil {
+		go func() { ran <- q.Run(context.Background()) }()
+	} else {
+		ran <- nil
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		require.NoError(t, q.Close(ctx))
+		if err := <-ran; !errors.Is(err, queue.ErrClosed) {
+			require.NoError(t, err)
+		}
+	})
+	return q
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	client, _ := testserver.Redis(t)
+	for name, cfg := range map[string]redisq.Config{
+		"nil redis":       {Partitions: 1},
+		"zero partitions": {Redis: client},
+		"negative ttl":    {Redis: client, Partitions: 1, LeaseTTL: -1},
+	} {
+		_, err := redisq.New(cfg)
+		require.ErrorIs(t, err, contend.ErrInvalid, name)
+	}
+	q, err := redisq.New(redisq.Config{Redis: client, Partitions: 1})
+	require.NoError(t, err, "a producer needs no handler")
+	require.ErrorIs(t, q.Run(t.Context()), contend.ErrInvalid, "a consumer does")
+	require.ErrorIs(t, q.Enqueue(t.Context(), "", nil), contend.ErrInvalid)
+	require.NoError(t, q.Close(t.Context()))
+}
+
+func TestSubmitAcrossInstances(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	instance(t, client, prefix, redisq.Config{Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
+		if string(job.Payload) == "fail" {
+			return nil, errors.New("no such thing")
+		}
+		fence, ok := redisq.Fence(ctx)
+		if !ok || fence <= 0 {
+			return nil, errors.New("no fencing token")
+		}
+		return []byte(job.Key + ":" + string(job.Payload)), nil
+	}, Retry: fast})
+	producer := instance(t, client, prefix, redisq.Config{})
+	got, err := producer.Submit(t.Context(), "sku-1", []byte("buy"))
+	require.NoError(t, err)
+	require.Equal(t, "sku-1:buy", string(got))
+
+	_, err = producer.Submit(t.Context(), "sku-1", []byte("fail"))
+	require.ErrorIs(t, err, redisq.ErrRemote)
+	require.ErrorContains(t, err, "no such thing")
+	n, err := client.XLen(t.Context(), producer.DeadLetters(producer.Partition("sku-1"))).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the failed job is in the dead-letter stream")
+
+	got, err = producer.Submit(t.Context(), "sku-1", []byte("after"))
+	require.NoError(t, err, "the key moves on after a dead letter")
+	require.Equal(t, "sku-1:after", string(got))
+}
+
+// Three consumer instances, four producers: each key's jobs are handled one
+// at a time and in each producer's order, whichever instance holds the
+// partition.
+func TestOrderPerKeyAcrossInstances(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	const producers, keys, jobs = 4, 12, 15
+	var (
+		mu     sync.Mutex
+		last   = map[string]int{}
+		inside = map[string]int{}
+		bad    atomic.Int64
+		seen   atomic.Int64
+		done   = make(chan struct{})
+	)
+	handler := func(_ context.Context, job queue.Job) ([]byte, error) {
+		var p, seq int
+		if _, err := fmt.Sscanf(string(job.Payload), "%d %d", &p, &seq); err != nil {
+			return nil, err
+		}
+		id := job.Key + "/" + strconv.Itoa(p)
+		mu.Lock()
+		if inside[job.Key]++; inside[job.Key] > 1 {
+			bad.Add(1)
+		}
+		if prev, ok := last[id]; ok && seq <= prev || !ok && seq != 0 {
+			bad.Add(1)
+		}
+		last[id] = seq
+		inside[job.Key]--
+		mu.Unlock()
+		if seen.Add(1) == producers*keys*jobs {
+			close(done)
+		}
+		return nil, nil
+	}
+	for range 3 {
+		instance(t, client, prefix, redisq.Config{Handler: handler})
+	}
+	producer := instance(t, client, prefix, redisq.Config{})
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for p := range producers {
+		wg.Go(func() {
+			for seq := range jobs {
+				for k := range keys {
+					if err := producer.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("handled %d of %d jobs", seen.Load(), producers*keys*jobs)
+	}
+	require.Zero(t, bad.Load(), "jobs of one key ran out of order or overlapped")
+}
+
+// Entries a dead owner read and never acknowledged are redelivered by the
+// next owner, in order, before new ones.
+func TestRedeliversPendingInOrder(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	for i := range 5 {
+		require.NoError(t, producer.Enqueue(t.Context(), "k", []byte(strconv.Itoa(i))))
+	}
+	// A consumer that reads three entries and dies before acknowledging.
+	stream := prefix + "{0}"
+	require.NoError(t, client.XGroupCreateMkStream(t.Context(), stream, "workers", "0").Err())
+	res, err := client.XReadGroup(t.Context(), &redis.XReadGroupArgs{
+		Group: "workers", Consumer: "dead", Streams: []string{stream, ">"}, Count: 3,
+	}).Result()
+	require.NoError(t, err)
+	require.Len(t, res[0].Messages, 3)
+	require.NoError(t, producer.Enqueue(t.Context(), "k", []byte("5")))
+
+	got := make(chan string, 6)
+	instance(t, client, prefix, redisq.Config{Partitions: 1, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		got <- string(job.Payload)
+		return nil, nil
+	}})
+	for i := range 6 {
+		select {
+		case p := <-got:
+			require.Equal(t, strconv.Itoa(i), p)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("job %d was not redelivered", i)
+		}
+	}
+	// The handler answers before the acknowledgement, so wait for it: then
+	// nothing is pending, and the trim, which follows the acknowledgements,
+	// has left only the last entry (its lower bound).
+	require.Eventually(t, func() bool {
+		pending, err := client.XPending(t.Context(), stream, "workers").Result()
+		n, lerr := client.XLen(t.Context(), stream).Result()
+		return err == nil && lerr == nil && pending.Count == 0 && n == 1
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// The chapter's workload across instances: three consumers with a batch
+// handler sell stock 1000 to 64 buyers; exactly 1000 sold, every buyer
+// answered. Stock lives in Redis here (the SQL version is in package queue):
+// the handler reads and writes it without any lock, because only one
+// instance holds the partition.
+func TestSellHotKeyAcrossInstances(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	stockKey := prefix + "stock"
+	require.NoError(t, client.Set(t.Context(), stockKey, 1000, 0).Err())
+	seller := func(ctx context.Context, jobs []queue.Job) ([]queue.Result, error) {
+		stock, err := client.Get(ctx, stockKey).Int()
+		if err != nil {
+			return nil, err
+		}
+		sold := min(stock, len(jobs))
+		if err := client.Set(ctx, stockKey, stock-sold, 0).Err(); err != nil {
+			return nil, err
+		}
+		res := make([]queue.Result, len(jobs))
+		for i := range res {
+			res[i].Value = []byte("sold-out")
+			if i < sold {
+				res[i].Value = []byte("sold")
+			}
+		}
+		return res, nil
+	}
+	for range 3 {
+		instance(t, client, prefix, redisq.Config{Partitions: 4, BatchHandler: seller})
+	}
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 4})
+	var (
+		sold, soldOut atomic.Int64
+		wg            sync.WaitGroup
+		errs          = make(chan error, 64*20)
+	)
+	for range 64 {
+		wg.Go(func() {
+			for range 20 {
+				v, err := producer.Submit(t.Context(), "hot", nil)
+				switch {
+				case err != nil:
+					errs <- err
+				case string(v) == "sold":
+					sold.Add(1)
+				default:
+					soldOut.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 1000, sold.Load())
+	require.EqualValues(t, 280, soldOut.Load())
+	left, err := client.Get(t.Context(), stockKey).Int()
+	require.NoError(t, err)
+	require.Zero(t, left)
+}
+
+// An owner that died holding a partition's lease, with entries read and not
+// acknowledged: once the lease runs out, a live instance takes the partition
+// and redelivers them in order. Nothing runs before the lease ends.
+func TestTakeoverAfterLeaseExpires(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	for i := range 3 {
+		require.NoError(t, producer.Enqueue(t.Context(), "k", []byte(strconv.Itoa(i))))
+	}
+	// The dead owner: it obtained the lease, read the entries, and stopped
+	// refreshing and acknowledging (its process was killed).
+	const ttl = 600 * time.Millisecond
+	locks, err := distlock.NewClient(client, distlock.Config{Prefix: prefix + "lease:"})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, locks.Close(context.Background())) })
+	_, err = locks.TryObtain(t.Context(), "partition:0", ttl)
+	require.NoError(t, err)
+	died := time.Now()
+	stream := prefix + "{0}"
+	require.NoError(t, client.XGroupCreateMkStream(t.Context(), stream, "workers", "0").Err())
+	require.NoError(t, client.XReadGroup(t.Context(), &redis.XReadGroupArgs{
+		Group: "workers", Consumer: "dead", Streams: []string{stream, ">"}, Count: 2,
+	}).Err())
+
+	got := make(chan string, 3)
+	instance(t, client, prefix, redisq.Config{Partitions: 1, LeaseTTL: ttl, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		got <- string(job.Payload)
+		return nil, nil
+	}})
+	for i := range 3 {
+		select {
+		case p := <-got:
+			require.Equal(t, strconv.Itoa(i), p)
+			if i == 0 {
+				waited := time.Since(died)
+				t.Logf("taken over %v after the owner died", waited)
+				require.GreaterOrEqual(t, waited, ttl-50*time.Millisecond, "ran while the dead owner's lease was valid")
+				require.Less(t, waited, 3*ttl, "took more than about one lease to take over")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("job %d was not redelivered", i)
+		}
+	}
+}
+
+// Instances share the partitions: one alone takes all four; when a second
+// joins, each ends with two; when it leaves, the first takes all again.
+func TestRebalance(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	cfg := redisq.Config{Partitions: 4, LeaseTTL: 400 * time.Millisecond, Handler: func(context.Context, queue.Job) ([]byte, error) { return nil, nil }}
+	a := instance(t, client, prefix, cfg)
+	owns := func(q *redisq.Queue, n int) func() bool { return func() bool { return len(q.Owned()) == n } }
+	require.Eventually(t, owns(a, 4), 10*time.Second, 10*time.Millisecond, "alone, a takes every partition")
+	b := instance(t, client, prefix, cfg)
+	require.Eventually(t, func() bool { return owns(a, 2)() && owns(b, 2)() }, 10*time.Second, 10*time.Millisecond,
+		"after b joins: a owns %v, b owns %v", a.Owned(), b.Owned())
+	require.NoError(t, b.Close(t.Context()))
+	require.Eventually(t, owns(a, 4), 10*time.Second, 10*time.Millisecond, "after b left, a takes its share")
+}

@@ -1,0 +1,64 @@
+package queue
+
+import "sync/atomic"
+
+// Stats is a snapshot of what a queue holds and has done, per partition and
+// summed. Counters only grow; Depth and InFlight are instantaneous.
+type Stats struct {
+	PartitionStats
+	// Partitions holds one entry per partition, by index (see
+	// [Queue.Partition]): a hot key shows as one deep partition.
+	Partitions []PartitionStats
+}
+
+// PartitionStats is what one partition holds and has done.
+type PartitionStats struct {
+	// Depth is how many jobs wait in the buffer.
+	Depth int
+	// InFlight is how many jobs a handler is processing now.
+	InFlight int64
+	// Handled counts jobs that got an answer from a handler.
+	Handled int64
+	// Redeliveries counts deliveries after a job's first.
+	Redeliveries int64
+	// DeadLetters counts jobs that failed on every delivery.
+	DeadLetters int64
+}
+
+func (s *PartitionStats) add(o PartitionStats) {
+	s.Depth += o.Depth
+	s.InFlight += o.InFlight
+	s.Handled += o.Handled
+	s.Redeliveries += o.Redeliveries
+	s.DeadLetters += o.DeadLetters
+}
+
+type counters struct {
+	partitions []partitionCounters
+}
+
+type partitionCounters struct {
+	inFlight, handled, redeliveries, deadLetters atomic.Int64
+	// Keeps each partition's counters on its own cache lines: the workers
+	// of neighbouring partitions write them at once.
+	_ [32]byte
+}
+
+// Stats returns a snapshot of the queue's counters. It is safe to call at any
+// time, from any goroutine.
+func (q *Queue) Stats() Stats {
+	s := Stats{Partitions: make([]PartitionStats, len(q.parts))}
+	for i := range q.parts {
+		pc := &q.stats.partitions[i]
+		ps := PartitionStats{
+			Depth:        len(q.parts[i].ch),
+			InFlight:     pc.inFlight.Load(),
+			Handled:      pc.handled.Load(),
+			Redeliveries: pc.redeliveries.Load(),
+			DeadLetters:  pc.deadLetters.Load(),
+		}
+		s.Partitions[i] = ps
+		s.PartitionStats.add(ps)
+	}
+	return s
+}
