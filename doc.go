@@ -44,7 +44,8 @@
 //	pessimistic.Advisory  waits, or try fails        on deadlock retry   yes (an advisory lock)  lock ends with its connection, at once
 //	optimistic.Guard      takes no lock, retries     yes (losers rerun)  yes (a version)         nothing is held
 //	distlock              fails fast or waits        no                  yes (a Redis lease)     lease expires after its TTL
-//	queue (in memory)     queues                     no                  no, one process only    jobs die with the process
+//	queue.Queue           queues (backpressure)      no                  no, one process only    jobs die with the process
+//	queue/redisq          queues in a Redis stream   at least once       yes (a partition lease) lease expires, another instance redelivers
 //
 // The optimistic guard takes no lock before fn, but its final version check
 // still waits briefly for a concurrent attempt that is committing the same row.

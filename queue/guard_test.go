@@ -4,7 +4,6 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -75,13 +74,4 @@ func TestGuardContract(t *testing.T) {
 		require.NoError(t, q.Do(t.Context(), "k", func(context.Context) error { return nil }))
 		require.Zero(t, overlaps.Load())
 	})
-}
-
-func requireFree(t *testing.T, g contend.Guard, key string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
-	ran := false
-	require.NoError(t, g.Do(ctx, key, func(context.Context) error { ran = true; return nil }), "key %q is still held", key)
-	require.True(t, ran)
 }
