@@ -5,7 +5,8 @@
 // sync.Mutex in each process: every process keeps its own goroutines apart and
 // nothing else, so the processes sell more than there is. Then the same
 // read-check-write under each strategy's guard (the same function body, passed
-// to each Guard), and the atomic conditional UPDATE: none oversells.
+// to each Guard), the atomic conditional UPDATE, and a queue on Redis Streams
+// that hands every purchase of the product to one consumer: none oversells.
 //
 //	go run ./examples/oversell [-processes 3] [-buyers 32] [-stock 200]
 //
@@ -35,13 +36,17 @@ import (
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/token"
+	"github.com/contend/contend/internal/txn"
 	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/optimistic"
 	"github.com/contend/contend/pessimistic"
+	"github.com/contend/contend/queue"
+	"github.com/contend/contend/queue/redisq"
 )
 
 // strategies, in the order they are shown.
-var strategies = []string{"naive-mutex", "atomic", "pessimistic", "optimistic", "distlock"}
+var strategies = []string{"naive-mutex", "atomic", "pessimistic", "optimistic", "distlock", "queue"}
 
 var errSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
 
@@ -105,8 +110,11 @@ func run(processes, buyers int, stock int64) (ok bool, err error) {
 		if err := workload.ProductsTable(ctx, db, stock, workload.Hot); err != nil {
 			return false, err
 		}
-		// The optimistic guard's version lives on the row it guards.
-		if _, err := db.ExecContext(ctx, `ALTER TABLE products ADD COLUMN version bigint NOT NULL DEFAULT 0`); err != nil {
+		// The optimistic guard's version lives on the row it guards; the
+		// queue's handler records each purchase, so a redelivered job (the
+		// queue delivers at least once) answers again without selling again.
+		if _, err := db.ExecContext(ctx, `ALTER TABLE products ADD COLUMN version bigint NOT NULL DEFAULT 0;
+			DROP TABLE IF EXISTS sales; CREATE TABLE sales (id text PRIMARY KEY, outcome text NOT NULL DEFAULT '')`); err != nil {
 			return false, err
 		}
 		env := []string{"OVERSELL_POSTGRES=" + url, "OVERSELL_REDIS=" + redisURL, "OVERSELL_PREFIX=" + prefix + s + ":"}
@@ -342,6 +350,62 @@ func buyer(strategy string, db *sqlx.DB, rdb *redis.Client, prefix string) (func
 			return nil, nil, err
 		}
 		return guarded(c, db), func() { c.Close(context.Background()) }, nil
+	case "queue":
+		return queued(db, rdb, prefix)
 	}
 	return nil, nil, fmt.Errorf("unknown strategy %q", strategy)
+}
+
+// queued sells through a queue on Redis Streams shared by every process:
+// each purchase is a job on the product's partition, which one process at a
+// time consumes, so purchases of one product never race. The handler records
+// each purchase by its id in the same transaction as the sale, because the
+// queue delivers at least once: a job redelivered after an owner died answers
+// what it answered before instead of selling again.
+func queued(db *sqlx.DB, rdb *redis.Client, prefix string) (func(context.Context, string) error, func(), error) {
+	handle := func(ctx context.Context, job queue.Job) ([]byte, error) {
+		var outcome string
+		_, err := txn.Run(ctx, db, txn.Options{}, func(ctx context.Context, tx contend.DBTX) error {
+			res, err := tx.ExecContext(ctx, `INSERT INTO sales (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, string(job.Payload))
+			if err != nil {
+				return err
+			}
+			if n, _ := res.RowsAffected(); n == 0 {
+				return tx.QueryRowContext(ctx, `SELECT outcome FROM sales WHERE id = $1`, string(job.Payload)).Scan(&outcome)
+			}
+			sold, err := atomic.Update(ctx, tx, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, job.Key)
+			if err != nil {
+				return err
+			}
+			outcome = map[bool]string{true: "sold", false: "sold out"}[sold]
+			_, err = tx.ExecContext(ctx, `UPDATE sales SET outcome = $2 WHERE id = $1`, string(job.Payload), outcome)
+			return err
+		})
+		return []byte(outcome), err
+	}
+	q, err := redisq.New(redisq.Config{Redis: rdb, Prefix: prefix, Partitions: 4, Handler: handle})
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = q.Run(ctx)
+	}()
+	stop := func() {
+		_ = q.Close(context.Background())
+		cancel()
+		<-done
+	}
+	return func(ctx context.Context, key string) error {
+		answer, err := q.Submit(ctx, key, []byte(token.New()))
+		switch {
+		case err != nil:
+			return err
+		case string(answer) == "sold out":
+			return errSoldOut
+		}
+		return nil
+	}, stop, nil
 }
