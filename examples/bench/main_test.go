@@ -1,0 +1,126 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend/internal/testserver"
+)
+
+// The test binary doubles as the worker processes, as the program does.
+func TestMain(m *testing.M) {
+	if isWorker() {
+		os.Exit(workerMain())
+	}
+	testserver.Main(m)
+}
+
+// The smoke run CI executes, in-process: every strategy holds its invariant
+// on both workloads, the naive control included (one process), and the
+// report and charts are written.
+func TestQuickGrid(t *testing.T) {
+	t.Parallel()
+	out := t.TempDir()
+	rows, err := Run(t.Context(), quick(Options{Out: out}))
+	require.NoError(t, err)
+	require.Len(t, rows, len(allWorkloads)*2*2*len(allStrategies))
+	for _, r := range rows {
+		require.Empty(t, r.Skipped, r.name())
+		require.Empty(t, r.Violation, r.name())
+		require.Zero(t, r.Errors, "%s: %s", r.name(), r.FirstError)
+		require.Positive(t, r.Successes, r.name())
+		require.Positive(t, r.Throughput, r.name())
+		require.False(t, r.failed(), r.name())
+	}
+	for _, f := range []string{"results.md", "decrement.svg", "claim.svg"} {
+		fi, err := os.Stat(filepath.Join(out, f))
+		require.NoError(t, err)
+		require.Positive(t, fi.Size(), f)
+	}
+}
+
+// Across processes the naive mutex keeps only its own process's goroutines
+// apart: the suite must see the lost updates, mark them as the control's
+// expected break, and still pass the strategies that hold.
+func TestNaiveBreaksAcrossProcesses(t *testing.T) {
+	t.Parallel()
+	rows, err := Run(t.Context(), Options{
+		Duration:   400 * time.Millisecond,
+		Workers:    []int{8},
+		Keys:       []int{1},
+		Strategies: []string{"atomic", "naive"},
+		Processes:  3,
+	})
+	require.NoError(t, err)
+	require.Len(t, rows, 2*len(allWorkloads))
+	for _, r := range rows {
+		switch {
+		case r.Strategy == "naive" && r.Workload == "decrement":
+			// Lost updates on one hot row are all but certain in 400ms;
+			// a double claim needs the first race of a key to overlap,
+			// so the claim workload's control may hold, and is not
+			// required to break.
+			require.NotEmpty(t, r.Violation, "%s held across processes: the check cannot see a break", r.name())
+			require.Contains(t, r.verdict(), "expected")
+		case r.Strategy == "naive":
+		default:
+			require.Empty(t, r.Violation, r.name())
+		}
+		require.False(t, r.failed(), "%s: %s", r.name(), r.verdict())
+	}
+}
+
+// A broken invariant fails the run, except for the naive control across
+// processes; errors always fail it.
+func TestVerdicts(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		r      row
+		failed bool
+	}{
+		{row{cell: cell{Strategy: "atomic", Processes: 1}}, false},
+		{row{cell: cell{Strategy: "atomic", Processes: 3}, Violation: "oversold 2"}, true},
+		{row{cell: cell{Strategy: "naive", Processes: 3}, Violation: "oversold 2"}, false},
+		{row{cell: cell{Strategy: "naive", Processes: 1}, Violation: "oversold 2"}, true},
+		{row{cell: cell{Strategy: "naive", Processes: 3}, Errors: 1}, true},
+		{row{cell: cell{Strategy: "queue", Processes: 3}, Skipped: "one process"}, false},
+	} {
+		require.Equal(t, tc.failed, tc.r.failed(), "%+v", tc.r)
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	t.Parallel()
+	for _, o := range []Options{
+		{Workers: []int{0}},
+		{Keys: []int{-1}},
+		{Strategies: []string{"mutex"}},
+		{Workloads: []string{"sell"}},
+		{Processes: -1},
+		{Rounds: -1},
+		{Duration: -time.Second},
+	} {
+		_, err := Run(t.Context(), o)
+		require.Error(t, err, "%+v", o)
+	}
+	_, err := parseInts("1,x")
+	require.Error(t, err)
+}
+
+// A cell's median round carries every round's broken invariants and errors.
+func TestMedian(t *testing.T) {
+	t.Parallel()
+	m := median([]row{
+		{Throughput: 30},
+		{Throughput: 10, Violation: "oversold 1", Errors: 1, FirstError: "boom"},
+		{Throughput: 20},
+	})
+	require.Equal(t, 20.0, m.Throughput)
+	require.Equal(t, "oversold 1", m.Violation)
+	require.Equal(t, 1, m.Errors)
+	require.Equal(t, "boom", m.FirstError)
+}

@@ -1,0 +1,404 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"image/color"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
+)
+
+// row is one cell's measurements and verdict.
+type row struct {
+	cell
+	Successes, Conflicts, Errors int
+	Throughput                   float64 // completed operations (successes and lost races) per second
+	P50, P99, Max                time.Duration
+	Retries                      int64
+	FirstError                   string
+	// Violation says how the invariant broke; "" when it held.
+	Violation string
+	// Skipped says why the cell did not run.
+	Skipped string
+}
+
+func (r *row) fill(o outcome) {
+	r.Successes, r.Conflicts, r.Errors = o.Successes, o.Conflicts, o.Errors
+	r.Throughput = float64(o.Successes+o.Conflicts) / max(o.Elapsed, time.Nanosecond).Seconds()
+	r.P50, r.P99 = o.Percentile(0.5), o.Percentile(0.99)
+	if n := len(o.Latencies); n > 0 {
+		r.Max = o.Latencies[n-1]
+	}
+	r.Retries = o.Retries
+	if len(o.FirstErrors) > 0 {
+		r.FirstError = o.FirstErrors[0]
+	}
+}
+
+// expectedBreak reports whether a broken invariant is the point of the cell:
+// the naive control across processes, which a process-local mutex cannot
+// guard.
+func (r row) expectedBreak() bool { return r.Strategy == "naive" && r.Processes > 1 }
+
+// failed reports whether the cell fails the run.
+func (r row) failed() bool {
+	if r.Skipped != "" {
+		return false
+	}
+	return (r.Violation != "" && !r.expectedBreak()) || r.Errors > 0
+}
+
+func (r row) verdict() string {
+	switch {
+	case r.Skipped != "":
+		return "skipped: " + r.Skipped
+	case r.Violation != "" && r.expectedBreak():
+		return "broken, as expected of the control: " + r.Violation
+	case r.Violation != "":
+		return "BROKEN: " + r.Violation
+	case r.Errors > 0:
+		return fmt.Sprintf("ERRORS: %d (%s)", r.Errors, r.FirstError)
+	case r.expectedBreak():
+		return "held (the control may break here; it did not this time)"
+	}
+	return "ok"
+}
+
+func failures(rows []row) []row {
+	var out []row
+	for _, r := range rows {
+		if r.failed() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func perSuccess(n int64, r row) string {
+	if r.Successes == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", float64(n)/float64(r.Successes))
+}
+
+// retries shows the retries only where the strategy reports them.
+func retries(r row) string {
+	if r.Strategy != "optimistic" {
+		return "-"
+	}
+	return perSuccess(r.Retries, r)
+}
+
+// vsRaw is a cell's throughput as a multiple of raw's in the same cell.
+func vsRaw(rows []row, r row) string {
+	for _, o := range rows {
+		if o.Strategy == "raw" && o.Workload == r.Workload && o.Keys == r.Keys && o.Workers == r.Workers && o.Processes == r.Processes && o.Throughput > 0 {
+			return fmt.Sprintf("%.2f", r.Throughput/o.Throughput)
+		}
+	}
+	return "-"
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
+
+var columns = []string{"workload", "keys", "workers", "strategy", "ops/s", "×raw", "ok", "conflicts/ok", "retries/ok", "p50 ms", "p99 ms", "max ms", "invariant"}
+
+func fields(rows []row, r row) []string {
+	if r.Skipped != "" {
+		return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), r.Strategy, "-", "-", "-", "-", "-", "-", "-", "-", r.verdict()}
+	}
+	return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), r.Strategy,
+		fmt.Sprintf("%.0f", r.Throughput), vsRaw(rows, r), fmt.Sprint(r.Successes),
+		perSuccess(int64(r.Conflicts), r), retries(r), ms(r.P50), ms(r.P99), ms(r.Max), r.verdict()}
+}
+
+func writeTable(w io.Writer, rows []row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, strings.Join(columns, "\t")+"\t")
+	for i, r := range rows {
+		if i > 0 && (r.Workload != rows[i-1].Workload || r.Keys != rows[i-1].Keys || r.Workers != rows[i-1].Workers) {
+			fmt.Fprintln(tw, strings.Repeat("\t", len(columns)))
+		}
+		fmt.Fprintln(tw, strings.Join(fields(rows, r), "\t")+"\t")
+	}
+	tw.Flush()
+}
+
+// writeReport writes results.md and one chart per workload, as SVG and PNG, to o.Out and
+// returns their paths.
+func writeReport(ctx context.Context, admin *sqlx.DB, o Options, rows []row, took time.Duration) ([]string, error) {
+	if err := os.MkdirAll(o.Out, 0o755); err != nil {
+		return nil, err
+	}
+	var pgVersion string
+	if err := admin.GetContext(ctx, &pgVersion, `SHOW server_version`); err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# contend benchmark results\n\n")
+	fmt.Fprintf(&b, "Measured %s on %s/%s, %d CPUs, %s, PostgreSQL %s, in %s.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), pgVersion, took.Round(time.Second))
+	fmt.Fprintf(&b, "Command: `%s` (%s per cell, %d process(es), median of %d round(s)).\n\n", strings.TrimSpace(o.Command), o.Duration, o.Processes, o.Rounds)
+	b.WriteString("ops/s counts completed operations, successes and lost races (sold out, already claimed) alike; " +
+		"×raw is ops/s over the raw statement's in the same cell; conflicts/ok and retries/ok are per success " +
+		"(retries: optimistic re-runs after a version conflict). The invariant is checked against the table after every cell: " +
+		"decrement — every sale shows in the stock, none below zero; claim — each job claimed by exactly one caller.\n\n")
+	b.WriteString(summary(rows))
+	var files []string
+	for _, wl := range o.Workloads {
+		fmt.Fprintf(&b, "## %s\n\n", wl)
+		chart := wl + ".svg"
+		for _, name := range []string{chart, wl + ".png"} {
+			if err := writeChart(filepath.Join(o.Out, name), wl, rows); err != nil {
+				return nil, fmt.Errorf("chart %s: %w", name, err)
+			}
+			files = append(files, filepath.Join(o.Out, name))
+		}
+		fmt.Fprintf(&b, "![%s: throughput and p99 against workers](%s)\n\n", wl, chart)
+		b.WriteString("| " + strings.Join(columns[1:], " | ") + " |\n|")
+		for range columns[1:] {
+			b.WriteString("---|")
+		}
+		b.WriteString("\n")
+		for _, r := range rows {
+			if r.Workload == wl {
+				f := fields(rows, r)[1:]
+				if r.failed() {
+					f[len(f)-1] = "**" + f[len(f)-1] + "**"
+				}
+				b.WriteString("| " + strings.Join(f, " | ") + " |\n")
+			}
+		}
+		b.WriteString("\n")
+	}
+	md := filepath.Join(o.Out, "results.md")
+	if err := os.WriteFile(md, []byte(b.String()), 0o644); err != nil {
+		return nil, err
+	}
+	return append([]string{md}, files...), nil
+}
+
+// writeChart draws, for one workload, throughput (top) and p99 (bottom)
+// against workers, hot key (left) and spread keys (right), one line per
+// strategy, both axes logarithmic.
+func writeChart(path, wl string, rows []row) error {
+	var keyCounts []int
+	var strats []string
+	for _, r := range rows {
+		if r.Workload != wl {
+			continue
+		}
+		if !slices.Contains(keyCounts, r.Keys) {
+			keyCounts = append(keyCounts, r.Keys)
+		}
+		if !slices.Contains(strats, r.Strategy) {
+			strats = append(strats, r.Strategy)
+		}
+	}
+	slices.Sort(keyCounts)
+	metrics := []struct {
+		label string
+		value func(row) float64
+	}{
+		{"ops/s", func(r row) float64 { return r.Throughput }},
+		{"p99 latency (ms)", func(r row) float64 { return float64(r.P99) / float64(time.Millisecond) }},
+	}
+	plots := make([][]*plot.Plot, len(metrics))
+	for m, metric := range metrics {
+		plots[m] = make([]*plot.Plot, len(keyCounts))
+		for k, keys := range keyCounts {
+			p := plot.New()
+			p.Title.Text = fmt.Sprintf("%s, %s: %s", wl, cell{Keys: keys}.keyChoice(), metric.label)
+			p.X.Label.Text = "workers"
+			p.Y.Label.Text = metric.label
+			p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
+			p.Y.Tick.Marker = oneTwoFive{}
+			p.Legend.Top = true
+			var workerTicks []plot.Tick
+			for i, s := range strats {
+				var xys plotter.XYs
+				for _, r := range rows {
+					if r.Workload == wl && r.Keys == keys && r.Strategy == s && r.Skipped == "" {
+						if v := metric.value(r); v > 0 {
+							xys = append(xys, plotter.XY{X: float64(r.Workers), Y: v})
+							if !slices.ContainsFunc(workerTicks, func(t plot.Tick) bool { return t.Value == float64(r.Workers) }) {
+								workerTicks = append(workerTicks, plot.Tick{Value: float64(r.Workers), Label: fmt.Sprint(r.Workers)})
+							}
+						}
+					}
+				}
+				if len(xys) == 0 {
+					continue
+				}
+				slices.SortFunc(xys, func(a, b plotter.XY) int { return cmp.Compare(a.X, b.X) })
+				line, points, err := plotter.NewLinePoints(xys)
+				if err != nil {
+					return err
+				}
+				line.Color, line.Dashes = strategyColor(s), plotutil.Dashes(i)
+				points.Color, points.Shape = strategyColor(s), plotutil.Shape(i)
+				p.Add(line, points)
+				// One legend per chart: every panel has the same lines.
+				if m == 0 && k == 0 {
+					p.Legend.Add(s, line, points)
+				}
+			}
+			p.X.Tick.Marker = plot.ConstantTicks(workerTicks)
+			p.Add(plotter.NewGrid())
+			plots[m][k] = p
+		}
+	}
+	const cellW, cellH = 7 * vg.Inch, 4.5 * vg.Inch
+	w, h := cellW*vg.Length(len(keyCounts)), cellH*vg.Length(len(metrics))
+	var img interface {
+		vg.CanvasSizer
+		io.WriterTo
+	}
+	if filepath.Ext(path) == ".png" {
+		img = vgimg.PngCanvas{Canvas: vgimg.New(w, h)}
+	} else {
+		img = vgsvg.New(w, h)
+	}
+	tiles := draw.Tiles{Rows: len(metrics), Cols: len(keyCounts), PadX: vg.Centimeter, PadY: vg.Centimeter,
+		PadTop: vg.Millimeter * 5, PadBottom: vg.Millimeter * 5, PadLeft: vg.Millimeter * 5, PadRight: vg.Millimeter * 5}
+	canvases := plot.Align(plots, tiles, draw.New(img))
+	for m := range plots {
+		for k := range plots[m] {
+			plots[m][k].Draw(canvases[m][k])
+		}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := img.WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// progress shows which cell runs and about how long the run has left.
+type progress struct {
+	w           io.Writer
+	interactive bool
+	total       int
+	perCell     time.Duration // the estimate before any cell finished
+	began       time.Time
+}
+
+func newProgress(w io.Writer, interactive bool, total int, d time.Duration) *progress {
+	return &progress{w: w, interactive: interactive, total: total, perCell: d + 300*time.Millisecond, began: time.Now()}
+}
+
+func (p *progress) start(i int, c cell) {
+	per := p.perCell
+	if i > 0 {
+		per = time.Since(p.began) / time.Duration(i)
+	}
+	left := (per * time.Duration(p.total-i)).Round(time.Second)
+	line := fmt.Sprintf("[%d/%d] %s (about %s left)", i+1, p.total, c.name(), left)
+	if p.interactive {
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+		return
+	}
+	fmt.Fprintln(p.w, line)
+}
+
+func (p *progress) finish(r row) {
+	if r.failed() {
+		if p.interactive {
+			fmt.Fprintln(p.w)
+		}
+		fmt.Fprintf(p.w, "  %s: %s\n", r.name(), r.verdict())
+	}
+}
+
+func (p *progress) done() {
+	if p.interactive {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}
+
+// strategyColor keeps each strategy's colour the same in every chart, with
+// the floor in black and the broken control in grey.
+func strategyColor(s string) color.Color {
+	palette := map[string]color.RGBA{
+		"raw":         {0, 0, 0, 255},
+		"atomic":      {0, 114, 178, 255},
+		"pessimistic": {213, 94, 0, 255},
+		"optimistic":  {0, 158, 115, 255},
+		"distlock":    {204, 121, 167, 255},
+		"redislock":   {86, 180, 233, 255},
+		"redsync":     {120, 60, 160, 255},
+		"queue":       {230, 159, 0, 255},
+		"naive":       {150, 150, 150, 255},
+	}
+	if c, ok := palette[s]; ok {
+		return c
+	}
+	return color.RGBA{240, 228, 66, 255}
+}
+
+// oneTwoFive labels a logarithmic axis at 1, 2 and 5 times each power of ten,
+// so that a range narrower than a decade still gets labels.
+type oneTwoFive struct{}
+
+func (oneTwoFive) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	for p := math.Pow(10, math.Floor(math.Log10(lo))); p <= hi; p *= 10 {
+		for _, f := range []float64{1, 2, 5} {
+			v := p * f
+			if v >= lo && v <= hi {
+				ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+			}
+		}
+	}
+	if len(ticks) < 2 {
+		return plot.LogTicks{Prec: 2}.Ticks(lo, hi)
+	}
+	return ticks
+}
+
+// summary is the report's opening: did every invariant hold, and how close
+// the atomic strategy comes to the raw statement on the hot key.
+func summary(rows []row) string {
+	var b strings.Builder
+	b.WriteString("## Summary\n\n")
+	if failed := failures(rows); len(failed) > 0 {
+		for _, r := range failed {
+			fmt.Fprintf(&b, "- **%s: %s**\n", r.name(), r.verdict())
+		}
+	} else {
+		b.WriteString("- Every strategy held its invariant in every cell")
+		if slices.ContainsFunc(rows, func(r row) bool { return r.expectedBreak() && r.Violation != "" }) {
+			b.WriteString(", except the naive control across processes, which broke as it must")
+		}
+		b.WriteString(".\n")
+	}
+	for _, r := range rows {
+		if r.Strategy == "atomic" && r.Keys == 1 && r.Skipped == "" {
+			fmt.Fprintf(&b, "- %s, hot key, %d worker(s): atomic at %s× raw.\n", r.Workload, r.Workers, vsRaw(rows, r))
+		}
+	}
+	b.WriteString("\n")
+	return b.String()
+}

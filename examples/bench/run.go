@@ -1,0 +1,348 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contend/contend/internal/harness"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
+)
+
+// env is where a run's cells run: a fresh schema and a Redis key prefix of
+// their own.
+type env struct {
+	PostgresURL string `json:"postgres_url"` // the schema's URL
+	RedisURL    string `json:"redis_url"`
+	RedisPrefix string `json:"redis_prefix"`
+}
+
+// A cell is one point of the grid.
+type cell struct {
+	Workload  string `json:"workload"`
+	Strategy  string `json:"strategy"`
+	Keys      int    `json:"keys"`
+	Workers   int    `json:"workers"`
+	Processes int    `json:"processes"`
+}
+
+func (c cell) keyChoice() string {
+	if c.Keys == 1 {
+		return "hot"
+	}
+	return fmt.Sprintf("spread(%d)", c.Keys)
+}
+
+func (c cell) name() string {
+	return fmt.Sprintf("%s/%s/%s/workers=%d/processes=%d", c.Workload, c.keyChoice(), c.Strategy, c.Workers, c.Processes)
+}
+
+// keys are the cell's keys: the one hot key, or Keys spread ones.
+func (c cell) keys() []string {
+	if c.Keys == 1 {
+		return []string{workload.Hot}
+	}
+	return workload.Keys("k", c.Keys)
+}
+
+// poolSize bounds each process's pool: the database is shared (other
+// programs, other engineers' tests), and past a few connections per core more
+// only adds waiting inside the server.
+func (c cell) poolSize() int {
+	return max(2, min(c.Workers, 16/max(c.Processes, 1)))
+}
+
+// outcome is what the processes of a cell did, summed.
+type outcome struct {
+	harness.Result
+	Retries int64 `json:"retries"`
+}
+
+// Run runs o's grid and returns one row per cell, writing the table to
+// o.Stdout and, when o.Out is set, results.md and the charts.
+func Run(ctx context.Context, o Options) ([]row, error) {
+	o = o.withDefaults()
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	pgServer, err := testserver.PostgresURL()
+	if err != nil {
+		return nil, err
+	}
+	redisURL, err := testserver.RedisURL()
+	if err != nil {
+		return nil, err
+	}
+	schema, schemaURL, err := testserver.CreateSchema(ctx, pgServer)
+	if err != nil {
+		return nil, err
+	}
+	defer testserver.DropSchema(context.WithoutCancel(ctx), pgServer, schema)
+	admin, err := sqlx.Open("pgx", schemaURL)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	admin.SetMaxOpenConns(2)
+	e := env{PostgresURL: schemaURL, RedisURL: redisURL, RedisPrefix: testserver.RandomName("contend:bench:") + ":"}
+	defer func() {
+		if opts, err := redis.ParseURL(redisURL); err == nil {
+			rdb := redis.NewClient(opts)
+			testserver.DeletePrefix(context.WithoutCancel(ctx), rdb, e.RedisPrefix)
+			rdb.Close()
+		}
+	}()
+
+	var cells []cell
+	for _, wl := range o.Workloads {
+		for _, k := range o.Keys {
+			for _, w := range o.Workers {
+				for _, s := range o.Strategies {
+					cells = append(cells, cell{Workload: wl, Strategy: s, Keys: k, Workers: w, Processes: o.Processes})
+				}
+			}
+		}
+	}
+	p := newProgress(o.Progress, o.Interactive, len(cells)*o.Rounds, o.Duration)
+	// Rounds walk the whole grid again rather than repeat a cell in place,
+	// so that slow drift (autovacuum, other load) spreads over every
+	// strategy instead of favouring the one measured first.
+	runs := make([][]row, len(cells))
+	started := time.Now()
+	for round := range o.Rounds {
+		for i, c := range cells {
+			p.start(round*len(cells)+i, c)
+			r, err := runCell(ctx, admin, e, c, o.Duration)
+			if err != nil {
+				p.done()
+				return nil, fmt.Errorf("%s: %w", c.name(), err)
+			}
+			runs[i] = append(runs[i], r)
+			p.finish(r)
+		}
+	}
+	rows := make([]row, len(cells))
+	for i := range cells {
+		rows[i] = median(runs[i])
+	}
+	p.done()
+	writeTable(o.Stdout, rows)
+	fmt.Fprintf(o.Stdout, "\n%d cells in %s\n", len(rows), time.Since(started).Round(time.Second))
+	if o.Out != "" {
+		files, err := writeReport(ctx, admin, o, rows, time.Since(started))
+		if err != nil {
+			return rows, err
+		}
+		fmt.Fprintf(o.Stdout, "wrote %s\n", strings.Join(files, ", "))
+	}
+	return rows, nil
+}
+
+// runCell makes c's table afresh, runs c's load in this process or in c's
+// worker processes, and checks the invariant against what the table shows.
+func runCell(ctx context.Context, admin *sqlx.DB, e env, c cell, d time.Duration) (row, error) {
+	r := row{cell: c}
+	if c.Strategy == "queue" && c.Processes > 1 {
+		// The in-memory queue orders a key's operations within its process
+		// only; across processes it would be measuring something else.
+		r.Skipped = "in-memory queue: one process only"
+		return r, nil
+	}
+	keys := c.keys()
+	if err := createTable(ctx, admin, c.Workload, keys); err != nil {
+		return r, err
+	}
+	e.RedisPrefix += c.name() + ":"
+	var out outcome
+	var err error
+	if c.Processes <= 1 {
+		out, err = runLocal(ctx, e, c, keys, d, nil)
+	} else {
+		out, err = spawn(ctx, e, c, d)
+	}
+	if err != nil {
+		return r, err
+	}
+	r.fill(out)
+	if err := check(ctx, admin, &r, out); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// runLocal runs c's load from this process's goroutines. ready, when set, is
+// called once everything is connected; the load starts when it returns.
+func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration, ready func() error) (outcome, error) {
+	db, err := sqlx.Open("pgx", e.PostgresURL)
+	if err != nil {
+		return outcome{}, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(c.poolSize())
+	db.SetMaxIdleConns(c.poolSize())
+	opts, err := redis.ParseURL(e.RedisURL)
+	if err != nil {
+		return outcome{}, err
+	}
+	opts.PoolSize = c.poolSize() + 2
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	if err := warm(ctx, db, c.poolSize()); err != nil {
+		return outcome{}, err
+	}
+	var cnt counters
+	op, closeOp, err := newOp(ctx, backends{db: db, rdb: rdb, redisPrefix: e.RedisPrefix}, c.Workload, c.Strategy, &cnt)
+	if err != nil {
+		return outcome{}, err
+	}
+	defer closeOp()
+	if ready != nil {
+		if err := ready(); err != nil {
+			return outcome{}, err
+		}
+	}
+	// The cell's deadline stops new operations, never one in flight: an
+	// operation cut short could have committed without being counted, and
+	// the invariant compares every counted success with the table.
+	whole := func(ctx context.Context, key string) error { return op(context.WithoutCancel(ctx), key) }
+	res := harness.Local(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, whole)
+	return outcome{Result: res, Retries: cnt.retries.Load()}, nil
+}
+
+// merge adds o's counts to out.
+func (out *outcome) merge(o outcome) {
+	out.Successes += o.Successes
+	out.Conflicts += o.Conflicts
+	out.Errors += o.Errors
+	if out.PerKey == nil {
+		out.PerKey = map[string]harness.Count{}
+	}
+	for k, c := range o.PerKey {
+		sum := out.PerKey[k]
+		sum.Successes += c.Successes
+		sum.Conflicts += c.Conflicts
+		sum.Errors += c.Errors
+		out.PerKey[k] = sum
+	}
+	out.Latencies = append(out.Latencies, o.Latencies...)
+	out.FirstErrors = append(out.FirstErrors, o.FirstErrors...)
+	out.Elapsed = max(out.Elapsed, o.Elapsed)
+	out.Retries += o.Retries
+	slices.Sort(out.Latencies)
+}
+
+// check compares what the operations reported with what the table shows and
+// records any difference in r.
+func check(ctx context.Context, admin *sqlx.DB, r *row, out outcome) error {
+	var broken []string
+	switch r.Workload {
+	case "decrement":
+		var rows []struct {
+			ID    string `db:"id"`
+			Stock int64  `db:"stock"`
+		}
+		if err := admin.SelectContext(ctx, &rows, `SELECT id, stock FROM products`); err != nil {
+			return fmt.Errorf("check: %w", err)
+		}
+		var oversold, unaccounted, negative int64
+		for _, p := range rows {
+			sold := int64(out.PerKey[p.ID].Successes)
+			taken := initialStock - p.Stock
+			oversold += max(0, sold-taken)
+			unaccounted += max(0, taken-sold)
+			if p.Stock < 0 {
+				negative++
+			}
+		}
+		if oversold > 0 {
+			broken = append(broken, fmt.Sprintf("oversold %d", oversold))
+		}
+		if unaccounted > 0 {
+			broken = append(broken, fmt.Sprintf("%d decrements no caller saw", unaccounted))
+		}
+		if negative > 0 {
+			broken = append(broken, fmt.Sprintf("%d keys below zero", negative))
+		}
+	case "claim":
+		var rows []struct {
+			ID      string `db:"id"`
+			Claimed bool   `db:"claimed"`
+		}
+		if err := admin.SelectContext(ctx, &rows, `SELECT id, owner IS NOT NULL AS claimed FROM jobs`); err != nil {
+			return fmt.Errorf("check: %w", err)
+		}
+		var double, phantom, unaccounted int
+		for _, j := range rows {
+			won := out.PerKey[j.ID].Successes
+			double += max(0, won-1)
+			if won > 0 && !j.Claimed {
+				phantom++
+			}
+			if won == 0 && j.Claimed {
+				unaccounted++
+			}
+		}
+		if double > 0 {
+			broken = append(broken, fmt.Sprintf("claimed twice %d", double))
+		}
+		if phantom > 0 {
+			broken = append(broken, fmt.Sprintf("%d claims the table does not show", phantom))
+		}
+		if unaccounted > 0 {
+			broken = append(broken, fmt.Sprintf("%d claims no caller saw", unaccounted))
+		}
+	}
+	r.Violation = strings.Join(broken, ", ")
+	return nil
+}
+
+// warm opens the pool's connections before the cell starts, so that the
+// first operations do not pay for the connection handshakes.
+func warm(ctx context.Context, db *sqlx.DB, n int) error {
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		conns = append(conns, c)
+		if err := c.PingContext(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// median is the run of a cell with the median throughput, carrying every
+// run's errors and broken invariants: one bad round fails the cell.
+func median(runs []row) row {
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b row) int { return cmp.Compare(a.Throughput, b.Throughput) })
+	m := sorted[len(sorted)/2]
+	m.Errors = 0
+	var broken []string
+	for _, r := range runs {
+		m.Errors += r.Errors
+		if m.FirstError == "" {
+			m.FirstError = r.FirstError
+		}
+		if r.Violation != "" && !slices.Contains(broken, r.Violation) {
+			broken = append(broken, r.Violation)
+		}
+	}
+	m.Violation = strings.Join(broken, "; ")
+	return m
+}

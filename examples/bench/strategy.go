@@ -1,0 +1,377 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	stdatomic "sync/atomic"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/atomic"
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/harness"
+	"github.com/contend/contend/optimistic"
+	"github.com/contend/contend/pessimistic"
+	"github.com/contend/contend/queue"
+)
+
+// The strategies, in the order they are shown. raw is the floor every other
+// one is measured against; redislock and redsync are peers of distlock;
+// naive is the negative control.
+var allStrategies = []string{"raw", "atomic", "pessimistic", "optimistic", "distlock", "redislock", "redsync", "queue", "naive"}
+
+// The workloads: the chapter's "decrement stock if available" and the first
+// seed's "claim a job once".
+var allWorkloads = []string{"decrement", "claim"}
+
+// Lost races, as the harness counts them: it matches contend.ErrConflict.
+var (
+	errSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
+	errTaken   = fmt.Errorf("already claimed: %w", contend.ErrConflict)
+)
+
+// initialStock is every product's stock at the start of a cell: more than any
+// cell can sell, so every decrement is a sale and the invariant compares
+// sales with what the stock shows.
+const initialStock = 1_000_000_000
+
+// product and job are the rows the optimistic Store reads and writes.
+type product struct {
+	ID      string `db:"id"`
+	Stock   int64  `db:"stock"`
+	Version int64  `db:"version"`
+}
+
+type job struct {
+	ID      string         `db:"id"`
+	Owner   sql.NullString `db:"owner"`
+	Version int64          `db:"version"`
+}
+
+// createTable makes workload's table afresh with one row per key. Both tables
+// carry a version column, which only the optimistic strategy uses.
+func createTable(ctx context.Context, db *sqlx.DB, workload string, keys []string) error {
+	stmts := map[string]string{
+		"decrement": `DROP TABLE IF EXISTS products;
+			CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0)`,
+		"claim": `DROP TABLE IF EXISTS jobs;
+			CREATE TABLE jobs (id text PRIMARY KEY, owner text, version bigint NOT NULL DEFAULT 0)`,
+	}
+	if _, err := db.ExecContext(ctx, stmts[workload]); err != nil {
+		return fmt.Errorf("create %s table: %w", workload, err)
+	}
+	var err error
+	switch workload {
+	case "decrement":
+		_, err = db.ExecContext(ctx, `INSERT INTO products (id, stock) SELECT unnest($1::text[]), $2`, keys, initialStock)
+	case "claim":
+		_, err = db.ExecContext(ctx, `INSERT INTO jobs (id) SELECT unnest($1::text[])`, keys)
+	}
+	if err != nil {
+		return fmt.Errorf("fill %s table: %w", workload, err)
+	}
+	// Fresh statistics, so that the planner picks the primary key from the
+	// first statement on, whatever the row count.
+	_, err = db.ExecContext(ctx, `ANALYZE `+table(workload))
+	return err
+}
+
+// backends is what a process's operations run against.
+type backends struct {
+	db          *sqlx.DB
+	rdb         *redis.Client
+	redisPrefix string
+}
+
+// counters is what a strategy reports besides the harness's counts.
+type counters struct {
+	// retries counts the runs an operation made beyond its first
+	// (optimistic: attempts − 1, from Config.Observe).
+	retries stdatomic.Int64
+}
+
+// newOp returns strategy's operation for workload, and what closes it.
+func newOp(ctx context.Context, b backends, workload, strategy string, c *counters) (harness.Op, func(), error) {
+	nothing := func() {}
+	observe := func(_ any, attempts int, _ error) { c.retries.Add(int64(attempts - 1)) }
+	rcw := readCheckWrite(b.db, workload)
+	switch strategy {
+	case "raw":
+		return rawOp(b.db, workload), nothing, nil
+	case "atomic":
+		if workload == "decrement" {
+			return func(ctx context.Context, key string) error {
+				sold, err := atomic.Update(ctx, b.db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, key)
+				if err == nil && !sold {
+					err = errSoldOut
+				}
+				return err
+			}, nothing, nil
+		}
+		cl, err := atomic.NewClaimer(ctx, b.db, atomic.ClaimConfig{Table: "jobs"})
+		if err != nil {
+			return nil, nil, err
+		}
+		return func(ctx context.Context, key string) error {
+			_, err := cl.Claim(ctx, key)
+			return err
+		}, func() { cl.Close() }, nil
+	case "pessimistic":
+		l, err := pessimistic.New(b.db, pessimistic.Config{Table: table(workload)})
+		return guarded(l, rcw), nothing, err
+	case "optimistic":
+		// Enough attempts that a hot key at 64 workers still ends in a sale;
+		// the retries it took are what the report shows.
+		cfg := optimistic.Config{Table: table(workload), Retry: contend.Retry{MaxAttempts: 1000}, Observe: observe}
+		if workload == "decrement" {
+			s, err := optimistic.NewStore[product](b.db, cfg)
+			return func(ctx context.Context, key string) error {
+				_, err := s.Update(ctx, key, func(p *product) error {
+					if p.Stock < 1 {
+						return errSoldOut
+					}
+					p.Stock--
+					return nil
+				})
+				return err
+			}, nothing, err
+		}
+		s, err := optimistic.NewStore[job](b.db, cfg)
+		return func(ctx context.Context, key string) error {
+			_, err := s.Update(ctx, key, func(j *job) error {
+				if j.Owner.Valid {
+					return errTaken
+				}
+				j.Owner = sql.NullString{String: newToken(), Valid: true}
+				return nil
+			})
+			return err
+		}, nothing, err
+	case "distlock":
+		cl, err := distlock.NewClient(b.rdb, distlock.Config{Prefix: b.redisPrefix})
+		if err != nil {
+			return nil, nil, err
+		}
+		return guarded(cl, rcw), func() { cl.Close(context.WithoutCancel(ctx)) }, nil
+	case "redislock":
+		return guarded(newRedislockGuard(b.rdb, b.redisPrefix), rcw), nothing, nil
+	case "redsync":
+		return guarded(newRedsyncGuard(b.rdb, b.redisPrefix), rcw), nothing, nil
+	case "queue":
+		return queueOp(ctx, b.db, workload)
+	case "naive":
+		return guarded(&mutexGuard{}, rcw), nothing, nil
+	}
+	return nil, nil, fmt.Errorf("unknown strategy %q", strategy)
+}
+
+func table(workload string) string {
+	if workload == "claim" {
+		return "jobs"
+	}
+	return "products"
+}
+
+// rawOp is the floor: the one conditional statement through database/sql,
+// with no library in between.
+func rawOp(db *sqlx.DB, workload string) harness.Op {
+	query, lost := `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, errSoldOut
+	if workload == "claim" {
+		query, lost = `UPDATE jobs SET owner = $2 WHERE id = $1 AND owner IS NULL`, errTaken
+	}
+	return func(ctx context.Context, key string) error {
+		args := []any{key}
+		if workload == "claim" {
+			args = append(args, newToken())
+		}
+		res, err := db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return lost
+		}
+		return nil
+	}
+}
+
+// readCheckWrite is the body every guard runs, through whatever transaction
+// the guard hands it: read the row, refuse when the check fails, write back
+// what was read, changed. Unguarded, two callers can read the same state and
+// both write: the lost update and the double claim.
+func readCheckWrite(db *sqlx.DB, workload string) func(ctx context.Context, key string) error {
+	if workload == "claim" {
+		return func(ctx context.Context, key string) error {
+			q := contend.Querier(ctx, db)
+			var owner sql.NullString
+			if err := q.QueryRowContext(ctx, `SELECT owner FROM jobs WHERE id = $1`, key).Scan(&owner); err != nil {
+				return err
+			}
+			if owner.Valid {
+				return errTaken
+			}
+			_, err := q.ExecContext(ctx, `UPDATE jobs SET owner = $2 WHERE id = $1`, key, newToken())
+			return err
+		}
+	}
+	return func(ctx context.Context, key string) error {
+		q := contend.Querier(ctx, db)
+		var n int64
+		if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, key).Scan(&n); err != nil {
+			return err
+		}
+		if n < 1 {
+			return errSoldOut
+		}
+		_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, key, n-1)
+		return err
+	}
+}
+
+// guarded runs body under g: the one call site every guard shares.
+func guarded(g contend.Guard, body func(ctx context.Context, key string) error) harness.Op {
+	return func(ctx context.Context, key string) error {
+		return g.Do(ctx, key, func(ctx context.Context) error { return body(ctx, key) })
+	}
+}
+
+// mutexGuard is the naive guard: one sync.Mutex per process, which keeps this
+// process's goroutines apart and nothing else.
+type mutexGuard struct{ mu sync.Mutex }
+
+func (g *mutexGuard) Do(ctx context.Context, _ string, fn func(context.Context) error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return fn(ctx)
+}
+
+// queuePartitions is how many partitions, and so consumers, the queue
+// strategy runs: enough to keep a small pool busy on spread keys.
+const queuePartitions = 8
+
+// queueOp submits each operation to its key's partition of an in-memory queue
+// and waits for the answer. The partition's consumer turns the operations
+// pending in it into one statement, so a hot key costs one round trip per
+// batch instead of one per operation.
+func queueOp(ctx context.Context, db *sqlx.DB, workload string) (harness.Op, func(), error) {
+	handler := decrementBatch(db)
+	if workload == "claim" {
+		handler = claimBatch(db)
+	}
+	q, err := queue.New(queue.Config{Partitions: queuePartitions, BatchHandler: handler})
+	if err != nil {
+		return nil, nil, err
+	}
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Run ends when Close has drained the queue; each operation has
+		// its own answer from Submit, so Run's adds nothing.
+		_ = q.Run(runCtx)
+	}()
+	closeFn := func() {
+		q.Close(context.WithoutCancel(ctx))
+		stop()
+		<-done
+	}
+	return func(ctx context.Context, key string) error {
+		_, err := q.Submit(ctx, key, nil)
+		return err
+	}, closeFn, nil
+}
+
+// decrementBatch sells, per key, as many items as the batch holds jobs, in
+// one statement for the whole batch. A key whose stock cannot cover all of
+// its jobs sells none of them: conservative, and never an oversell.
+func decrementBatch(db *sqlx.DB) queue.BatchHandler {
+	return func(ctx context.Context, jobs []queue.Job) ([]queue.Result, error) {
+		keys, counts := countByKey(jobs)
+		rows, err := db.QueryContext(ctx, `
+			UPDATE products p SET stock = p.stock - d.n
+			FROM (SELECT unnest($1::text[]) AS id, unnest($2::bigint[]) AS n) d
+			WHERE p.id = d.id AND p.stock >= d.n
+			RETURNING p.id`, keys, counts)
+		if err != nil {
+			return nil, err
+		}
+		sold, err := collectKeys(rows)
+		if err != nil {
+			return nil, err
+		}
+		res := make([]queue.Result, len(jobs))
+		for i, j := range jobs {
+			if !sold[j.Key] {
+				res[i].Err = errSoldOut
+			}
+		}
+		return res, nil
+	}
+}
+
+// claimBatch claims every key of the batch that is still free in one
+// statement; the first job of a key that got it wins, the others lost.
+func claimBatch(db *sqlx.DB) queue.BatchHandler {
+	return func(ctx context.Context, jobs []queue.Job) ([]queue.Result, error) {
+		keys, _ := countByKey(jobs)
+		rows, err := db.QueryContext(ctx, `UPDATE jobs SET owner = $2 WHERE id = ANY($1::text[]) AND owner IS NULL RETURNING id`,
+			keys, newToken())
+		if err != nil {
+			return nil, err
+		}
+		won, err := collectKeys(rows)
+		if err != nil {
+			return nil, err
+		}
+		res := make([]queue.Result, len(jobs))
+		for i, j := range jobs {
+			if won[j.Key] {
+				won[j.Key] = false
+				continue
+			}
+			res[i].Err = errTaken
+		}
+		return res, nil
+	}
+}
+
+func countByKey(jobs []queue.Job) (keys []string, counts []int64) {
+	at := map[string]int{}
+	for _, j := range jobs {
+		i, ok := at[j.Key]
+		if !ok {
+			i = len(keys)
+			at[j.Key] = i
+			keys = append(keys, j.Key)
+			counts = append(counts, 0)
+		}
+		counts[i]++
+	}
+	return keys, counts
+}
+
+func collectKeys(rows *sql.Rows) (map[string]bool, error) {
+	defer rows.Close()
+	got := map[string]bool{}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, err
+		}
+		got[k] = true
+	}
+	return got, rows.Err()
+}
+
+// newToken names a claim's owner.
+func newToken() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
