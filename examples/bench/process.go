@@ -1,16 +1,14 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"strings"
 	"time"
+
+	"github.com/contend/contend/internal/workers"
 )
 
 // workerEnv carries a worker process's assignment: a re-executed copy of this
@@ -44,83 +42,28 @@ func work(assigned string, in io.Reader, out io.Writer) error {
 	if err := json.Unmarshal([]byte(assigned), &a); err != nil {
 		return fmt.Errorf("assignment: %w", err)
 	}
-	ready := func() error {
-		if _, err := fmt.Fprintln(out, "ready"); err != nil {
-			return err
-		}
-		_, err := bufio.NewReader(in).ReadString('\n')
-		return err
-	}
+	ready := func() error { return workers.Ready(in, out) }
 	o, err := runLocal(context.Background(), a.Env, a.Cell, a.Cell.keys(), a.Duration, ready)
 	if err != nil {
 		return err
 	}
-	return json.NewEncoder(out).Encode(o)
+	return workers.Report(out, o)
 }
 
 // spawn runs c's load in c.Processes worker processes, started together once
 // every one is connected, and sums what they report.
 func spawn(ctx context.Context, e env, c cell, d time.Duration) (outcome, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return outcome{}, err
-	}
 	assigned, err := json.Marshal(assignment{Env: e, Cell: c, Duration: d})
 	if err != nil {
 		return outcome{}, err
 	}
-	type proc struct {
-		cmd   *exec.Cmd
-		stdin io.WriteCloser
-		out   *bufio.Reader
-	}
-	procs := make([]proc, c.Processes)
-	defer func() {
-		// A worker that failed said why on stderr, and its missing report
-		// already failed the cell.
-		for _, p := range procs {
-			if p.cmd != nil {
-				p.stdin.Close()
-				_ = p.cmd.Wait()
-			}
-		}
-	}()
-	for i := range procs {
-		cmd := exec.CommandContext(ctx, self)
-		cmd.Env = append(os.Environ(), workerEnv+"="+string(assigned))
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			return outcome{}, err
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return outcome{}, err
-		}
-		if err := cmd.Start(); err != nil {
-			return outcome{}, err
-		}
-		procs[i] = proc{cmd, stdin, bufio.NewReader(stdout)}
-	}
-	for _, p := range procs {
-		if line, err := p.out.ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
-			return outcome{}, fmt.Errorf("worker process did not get ready: %q: %w", line, errors.Join(err, errNotReady))
-		}
-	}
-	for _, p := range procs {
-		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
-			return outcome{}, err
-		}
+	reports, err := workers.Spawn[outcome](ctx, c.Processes, []string{workerEnv + "=" + string(assigned)})
+	if err != nil {
+		return outcome{}, err
 	}
 	var total outcome
-	for _, p := range procs {
-		var o outcome
-		if err := json.NewDecoder(p.out).Decode(&o); err != nil {
-			return outcome{}, fmt.Errorf("worker process report: %w", err)
-		}
+	for _, o := range reports {
 		total.merge(o)
 	}
 	return total, nil
 }
-
-var errNotReady = errors.New("worker process not ready")

@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"sync"
 	stdatomic "sync/atomic"
 
 	"github.com/jmoiron/sqlx"
@@ -16,6 +15,7 @@ import (
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
 	"github.com/contend/contend/internal/harness"
+	load "github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/optimistic"
 	"github.com/contend/contend/pessimistic"
 	"github.com/contend/contend/queue"
@@ -32,7 +32,7 @@ var allWorkloads = []string{"decrement", "claim"}
 
 // Lost races, as the harness counts them: it matches contend.ErrConflict.
 var (
-	errSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
+	errSoldOut = load.ErrSoldOut
 	errTaken   = fmt.Errorf("already claimed: %w", contend.ErrConflict)
 )
 
@@ -124,7 +124,7 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 		}, func() { cl.Close() }, nil
 	case "pessimistic":
 		l, err := pessimistic.New(b.db, pessimistic.Config{Table: table(workload)})
-		return guarded(l, rcw), nothing, err
+		return load.Guarded(l, rcw), nothing, err
 	case "optimistic":
 		// Enough attempts that a hot key at 64 workers still ends in a sale;
 		// the retries it took are what the report shows.
@@ -158,15 +158,15 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 		if err != nil {
 			return nil, nil, err
 		}
-		return guarded(cl, rcw), func() { cl.Close(context.WithoutCancel(ctx)) }, nil
+		return load.Guarded(cl, rcw), func() { cl.Close(context.WithoutCancel(ctx)) }, nil
 	case "redislock":
-		return guarded(newRedislockGuard(b.rdb, b.redisPrefix), rcw), nothing, nil
+		return load.Guarded(newRedislockGuard(b.rdb, b.redisPrefix), rcw), nothing, nil
 	case "redsync":
-		return guarded(newRedsyncGuard(b.rdb, b.redisPrefix), rcw), nothing, nil
+		return load.Guarded(newRedsyncGuard(b.rdb, b.redisPrefix), rcw), nothing, nil
 	case "queue":
 		return queueOp(ctx, b.db, workload)
 	case "naive":
-		return guarded(&mutexGuard{}, rcw), nothing, nil
+		return load.Guarded(&load.MutexGuard{}, rcw), nothing, nil
 	}
 	return nil, nil, fmt.Errorf("unknown strategy %q", strategy)
 }
@@ -220,35 +220,7 @@ func readCheckWrite(db *sqlx.DB, workload string) func(ctx context.Context, key 
 			return err
 		}
 	}
-	return func(ctx context.Context, key string) error {
-		q := contend.Querier(ctx, db)
-		var n int64
-		if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, key).Scan(&n); err != nil {
-			return err
-		}
-		if n < 1 {
-			return errSoldOut
-		}
-		_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, key, n-1)
-		return err
-	}
-}
-
-// guarded runs body under g: the one call site every guard shares.
-func guarded(g contend.Guard, body func(ctx context.Context, key string) error) harness.Op {
-	return func(ctx context.Context, key string) error {
-		return g.Do(ctx, key, func(ctx context.Context) error { return body(ctx, key) })
-	}
-}
-
-// mutexGuard is the naive guard: one sync.Mutex per process, which keeps this
-// process's goroutines apart and nothing else.
-type mutexGuard struct{ mu sync.Mutex }
-
-func (g *mutexGuard) Do(ctx context.Context, _ string, fn func(context.Context) error) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return fn(ctx)
+	return load.Sell(db)
 }
 
 // queuePartitions is how many partitions, and so consumers, the queue

@@ -15,16 +15,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -38,6 +33,7 @@ import (
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/token"
 	"github.com/contend/contend/internal/txn"
+	"github.com/contend/contend/internal/workers"
 	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/optimistic"
 	"github.com/contend/contend/pessimistic"
@@ -47,8 +43,6 @@ import (
 
 // strategies, in the order they are shown.
 var strategies = []string{"naive-mutex", "atomic", "pessimistic", "optimistic", "distlock", "queue"}
-
-var errSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
 
 func main() {
 	var (
@@ -152,52 +146,13 @@ func run(processes, buyers int, stock int64) (ok bool, err error) {
 // spawn runs processes server processes of strategy, starts them at once, and
 // sums what they report.
 func spawn(ctx context.Context, strategy string, processes, buyers int, env []string) (outcome, error) {
-	self, err := os.Executable()
+	env = append(env, workerEnv+"="+strategy, fmt.Sprintf("OVERSELL_BUYERS=%d", buyers))
+	reports, err := workers.Spawn[outcome](ctx, processes, env)
 	if err != nil {
 		return outcome{}, err
 	}
-	type proc struct {
-		cmd   *exec.Cmd
-		stdin io.WriteCloser
-		out   *bufio.Reader
-	}
-	procs := make([]proc, processes)
-	for i := range procs {
-		cmd := exec.CommandContext(ctx, self)
-		cmd.Env = append(os.Environ(), env...)
-		cmd.Env = append(cmd.Env, workerEnv+"="+strategy, fmt.Sprintf("OVERSELL_BUYERS=%d", buyers))
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			return outcome{}, err
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return outcome{}, err
-		}
-		if err := cmd.Start(); err != nil {
-			return outcome{}, err
-		}
-		defer cmd.Wait()
-		procs[i] = proc{cmd, stdin, bufio.NewReader(stdout)}
-	}
-	// Every process connects first and says so; then all start together.
-	for _, p := range procs {
-		if line, err := p.out.ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
-			return outcome{}, fmt.Errorf("server process did not get ready: %q %v", line, err)
-		}
-	}
-	for _, p := range procs {
-		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
-			return outcome{}, err
-		}
-	}
 	var total outcome
-	for _, p := range procs {
-		var o outcome
-		if err := json.NewDecoder(p.out).Decode(&o); err != nil {
-			return outcome{}, fmt.Errorf("server process report: %w", err)
-		}
+	for _, o := range reports {
 		total.Sold += o.Sold
 		total.SoldOut += o.SoldOut
 		total.Errors = append(total.Errors, o.Errors...)
@@ -249,8 +204,7 @@ func serve(strategy string, buyers int) error {
 	if err := db.PingContext(ctx); err != nil {
 		return err
 	}
-	fmt.Println("ready")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+	if err := workers.Ready(os.Stdin, os.Stdout); err != nil {
 		return err
 	}
 	// Each buyer keeps buying until it is told the product is sold out.
@@ -286,42 +240,7 @@ func serve(strategy string, buyers int) error {
 	}
 	wg.Wait()
 	out.Elapsed = time.Since(start)
-	return json.NewEncoder(os.Stdout).Encode(out)
-}
-
-// sell is the read-check-write every strategy but atomic runs, through
-// whatever transaction the guard hands it: read the stock, refuse when none
-// is left, write back what was read minus one.
-func sell(db *sqlx.DB) func(ctx context.Context, key string) error {
-	return func(ctx context.Context, key string) error {
-		q := contend.Querier(ctx, db)
-		var n int64
-		if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, key).Scan(&n); err != nil {
-			return err
-		}
-		if n < 1 {
-			return errSoldOut
-		}
-		_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, key, n-1)
-		return err
-	}
-}
-
-// guarded runs sell under g, the one call site every guard shares.
-func guarded(g contend.Guard, db *sqlx.DB) func(ctx context.Context, key string) error {
-	sellOne := sell(db)
-	return func(ctx context.Context, key string) error {
-		return g.Do(ctx, key, func(ctx context.Context) error { return sellOne(ctx, key) })
-	}
-}
-
-// mutexGuard is the naive guard: one sync.Mutex per process.
-type mutexGuard struct{ mu sync.Mutex }
-
-func (g *mutexGuard) Do(ctx context.Context, _ string, fn func(context.Context) error) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return fn(ctx)
+	return workers.Report(os.Stdout, out)
 }
 
 // buyer returns strategy's buy operation and what closes it.
@@ -329,27 +248,27 @@ func buyer(strategy string, db *sqlx.DB, rdb *redis.Client, prefix string) (func
 	nothing := func() {}
 	switch strategy {
 	case "naive-mutex":
-		return guarded(&mutexGuard{}, db), nothing, nil
+		return workload.Guarded(&workload.MutexGuard{}, workload.Sell(db)), nothing, nil
 	case "atomic":
 		return func(ctx context.Context, key string) error {
 			sold, err := atomic.Update(ctx, db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, key)
 			if err == nil && !sold {
-				err = errSoldOut
+				err = workload.ErrSoldOut
 			}
 			return err
 		}, nothing, nil
 	case "pessimistic":
 		l, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
-		return guarded(l, db), nothing, err
+		return workload.Guarded(l, workload.Sell(db)), nothing, err
 	case "optimistic":
 		g, err := optimistic.NewGuard(db, optimistic.Config{Table: "products", Retry: contend.Retry{MaxAttempts: 1000}})
-		return guarded(g, db), nothing, err
+		return workload.Guarded(g, workload.Sell(db)), nothing, err
 	case "distlock":
 		c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix})
 		if err != nil {
 			return nil, nil, err
 		}
-		return guarded(c, db), func() { c.Close(context.Background()) }, nil
+		return workload.Guarded(c, workload.Sell(db)), func() { c.Close(context.Background()) }, nil
 	case "queue":
 		return queued(db, rdb, prefix)
 	}
@@ -404,7 +323,7 @@ func queued(db *sqlx.DB, rdb *redis.Client, prefix string) (func(context.Context
 		case err != nil:
 			return err
 		case string(answer) == "sold out":
-			return errSoldOut
+			return workload.ErrSoldOut
 		}
 		return nil
 	}, stop, nil

@@ -5,14 +5,17 @@ package workload
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
+	"github.com/contend/contend"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -116,4 +119,44 @@ func Parallel(b *testing.B, workers int, op func(ctx context.Context) error) {
 			}
 		}
 	})
+}
+
+// ErrSoldOut is a sale's lost race: nothing left.
+var ErrSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
+
+// Sell is the chapter's read-check-write, through whatever transaction a
+// guard hands it (or db): read the stock, refuse when none is left, write back
+// what was read minus one. Unguarded, two callers read the same stock and one
+// sale is lost; it is correct only under a guard.
+func Sell(db contend.DBTX) func(ctx context.Context, key string) error {
+	return func(ctx context.Context, key string) error {
+		q := contend.Querier(ctx, db)
+		var n int64
+		if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, key).Scan(&n); err != nil {
+			return err
+		}
+		if n < 1 {
+			return ErrSoldOut
+		}
+		_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, key, n-1)
+		return err
+	}
+}
+
+// Guarded runs body for key under g: the one call site every guard shares.
+func Guarded(g contend.Guard, body func(ctx context.Context, key string) error) func(ctx context.Context, key string) error {
+	return func(ctx context.Context, key string) error {
+		return g.Do(ctx, key, func(ctx context.Context) error { return body(ctx, key) })
+	}
+}
+
+// MutexGuard is the naive guard: one sync.Mutex per process, which keeps this
+// process's goroutines apart and nothing else. The zero value is ready.
+type MutexGuard struct{ mu sync.Mutex }
+
+// Do runs fn holding the process's mutex.
+func (g *MutexGuard) Do(ctx context.Context, _ string, fn func(context.Context) error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return fn(ctx)
 }
