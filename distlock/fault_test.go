@@ -166,10 +166,15 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 	// this test is about goroutines, not about losing the lock.
 	c, rdb, prefix := setup(t, distlock.Config{TTL: 500 * time.Millisecond})
 	ctx := t.Context()
-	// Subscribe first: that goroutine is the client's.
+	// Subscribe first, by waiting once: that goroutine is the client's.
 	warm, err := c.Obtain(ctx, "warm", time.Second)
 	require.NoError(t, err)
+	w := obtainAsync(ctx, c, "warm", time.Second)
+	waitQueued(t, rdb, prefix, "warm", 1)
 	require.NoError(t, warm.Release(ctx))
+	got := receive(t, w, 5*time.Second)
+	require.NoError(t, got.err)
+	require.NoError(t, got.l.Release(ctx))
 	withClient := goleak.IgnoreCurrent()
 
 	require.NoError(t, c.Do(ctx, "job", func(ctx context.Context) error {
@@ -182,10 +187,10 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 	l, err := c.Obtain(ctx, "job", time.Second)
 	require.NoError(t, err)
 	_ = l.Hold(ctx)
-	w := obtainAsync(ctx, c, "job", time.Second)
+	w = obtainAsync(ctx, c, "job", time.Second)
 	waitQueued(t, rdb, prefix, "job", 1)
 	require.NoError(t, l.Release(ctx))
-	got := receive(t, w, 5*time.Second)
+	got = receive(t, w, 5*time.Second)
 	require.NoError(t, got.err)
 	require.NoError(t, got.l.Release(ctx))
 	goleak.VerifyNone(t, withClient)

@@ -45,6 +45,7 @@ type Lock struct {
 	token string
 	fence int64
 	ttl   time.Duration
+	taken bool // obtained by a Client's take, with nobody queued
 
 	vmu   sync.Mutex // protects valid
 	valid time.Time

@@ -18,6 +18,10 @@ var (
 	releaseLua string
 	//go:embed lua/refresh.lua
 	refreshLua string
+	//go:embed lua/fence.lua
+	fenceLua string
+	//go:embed lua/free.lua
+	freeLua string
 	//go:embed lua/pttl.lua
 	pttlLua string
 	//go:embed lua/lock.lua
@@ -27,6 +31,8 @@ var (
 
 	acquireScript = redis.NewScript(libLua + acquireLua)
 	releaseScript = redis.NewScript(libLua + releaseLua)
+	fenceScript   = redis.NewScript(libLua + fenceLua)
+	freeScript    = redis.NewScript(freeLua)
 	refreshScript = redis.NewScript(refreshLua)
 	pttlScript    = redis.NewScript(pttlLua)
 	lockScript    = redis.NewScript(lockLua)

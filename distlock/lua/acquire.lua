@@ -4,7 +4,7 @@
 --   ARGV[1] token, ARGV[2] ttl ms, ARGV[3] '1' to wait, '0' to try once,
 --   ARGV[4] the waiter's channel, ARGV[5] waiter lease ms, ARGV[6] the grant
 --   lease ms the waiter asks for, ARGV[7] the number of this attempt
--- Returns {1, fence} when the caller holds the lock, {0, pttl} when not.
+-- Returns {1, fence} when the caller holds the lock, {0, 0} when not.
 local token, ttl = ARGV[1], ARGV[2]
 local cur = redis.call('GET', KEYS[1])
 if cur == token then
@@ -38,4 +38,4 @@ if ARGV[3] == '1' then
   redis.call('PEXPIRE', KEYS[3], lease)
   redis.call('PEXPIRE', KEYS[4], lease)
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, 0}

@@ -1,5 +1,5 @@
--- Shared by acquire.lua and release.lua, which are this file followed by
--- their own body. Keys, all under one hash tag so a Cluster keeps them on one
+-- Shared by acquire.lua, release.lua and fence.lua, which are this file
+-- followed by their own body. Keys, all under one hash tag so a Cluster keeps them on one
 -- slot:
 --   KEYS[1] the lock: the holder's token, with the lease as its expiry
 --   KEYS[2] the fencing counter: never expires, only ever increases
@@ -22,13 +22,19 @@ end
 -- in microseconds rather than from 1, so tokens handed out after the loss
 -- are still larger than every token handed out before it, as long as that
 -- clock did not go back and fewer than a million locks a second were taken.
+local function clock_fence(f)
+  local t = redis.call('TIME')
+  local c = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+  if f < c then
+    redis.call('SET', KEYS[2], string.format('%.0f', c))
+    return c
+  end
+  return f
+end
+
 local function next_fence()
   local f = redis.call('INCR', KEYS[2])
-  if f == 1 then
-    local t = redis.call('TIME')
-    f = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
-    redis.call('SET', KEYS[2], string.format('%.0f', f))
-  end
+  if f == 1 then f = clock_fence(f) end
   return f
 end
 
