@@ -72,8 +72,10 @@ type Config struct {
 	// has. Required: there is no default, because the number decides which
 	// keys share a worker, and a queue across instances must agree on it.
 	Partitions int
-	// Buffer is how many jobs each partition holds before producers wait (or
-	// get ErrFull). Default: 1024.
+	// Buffer is how many jobs wait in each partition before producers wait
+	// (or get ErrFull). The worker takes every waiting job at once, so a
+	// partition holds at most twice Buffer: those waiting and those it is
+	// working through. Default: 1024.
 	Buffer int
 	// RefuseWhenFull makes Submit, Enqueue and Do answer a full partition with
 	// ErrFull at once instead of waiting for room until ctx ends. Default:
@@ -172,16 +174,79 @@ type Backend interface {
 	Close(ctx context.Context) error
 }
 
-// part is one partition's buffer.
+// part is one partition's buffer: a slice under a mutex rather than a
+// channel. Producers append under the lock; the worker takes everything
+// waiting in one go, so it pays one lock per run of jobs instead of a
+// channel receive per job, and a hot partition's producers wait on the
+// worker less.
 type part struct {
-	ch chan item
-	// mu is held shared by producers while they put a job in ch, and
-	// exclusively by the closer, so that no producer sends on a closed ch.
-	// One per partition: producers of different partitions never touch the
-	// same lock.
-	mu     sync.RWMutex
-	closed bool // guarded by mu
+	mu     sync.Mutex    // protects the fields below
+	items  []item        // waiting jobs, oldest first; at most Config.Buffer
+	closed bool          // no more puts; the worker stops once items is empty
+	room   chan struct{} // while producers wait for room: closed when the worker takes
+	ready  chan struct{} // one token: items became non-empty, or the part closed
 	_      [64]byte
+}
+
+// put appends it unless the part is full or closed. When full, it returns
+// the channel that is closed once there is room.
+func (pt *part) put(it item, limit int) (room <-chan struct{}, err error) {
+	pt.mu.Lock()
+	if pt.closed {
+		pt.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if len(pt.items) >= limit {
+		if pt.room == nil {
+			pt.room = make(chan struct{})
+		}
+		room = pt.room
+		pt.mu.Unlock()
+		return room, nil
+	}
+	pt.items = append(pt.items, it)
+	first := len(pt.items) == 1
+	pt.mu.Unlock()
+	if first {
+		pt.signal()
+	}
+	return nil, nil
+}
+
+// signal wakes the worker if it waits; a token already there will do.
+func (pt *part) signal() {
+	select {
+	case pt.ready <- struct{}{}:
+	default:
+	}
+}
+
+// takeAll hands the worker every waiting job, leaving spare's storage as the
+// new buffer, and lets producers waiting for room retry. closed reports that
+// no job will come after these.
+func (pt *part) takeAll(spare []item) (items []item, closed bool) {
+	pt.mu.Lock()
+	items, pt.items = pt.items, spare[:0]
+	closed = pt.closed
+	if pt.room != nil && len(items) > 0 {
+		close(pt.room)
+		pt.room = nil
+	}
+	pt.mu.Unlock()
+	return items, closed
+}
+
+func (pt *part) close() {
+	pt.mu.Lock()
+	pt.closed = true
+	pt.mu.Unlock()
+	pt.signal()
+}
+
+func (pt *part) depth() int {
+	pt.mu.Lock()
+	defer pt.mu.Unlock()
+	return len(pt.items)
 }
 
 // New returns a queue for cfg. It starts no goroutine: call Run.
@@ -197,7 +262,7 @@ func New(cfg Config) (*Queue, error) {
 		done:  make(chan struct{}),
 	}
 	for i := range q.parts {
-		q.parts[i].ch = make(chan item, cfg.Buffer)
+		q.parts[i].ready = make(chan struct{}, 1)
 	}
 	q.stats.partitions = make([]partitionCounters, cfg.Partitions)
 	return q, nil
@@ -271,17 +336,9 @@ func (q *Queue) Close(ctx context.Context) error {
 	q.closeOnce.Do(func() {
 		q.closing.Store(true)
 		q.start(context.Background())
-		go func() {
-			// Waits for producers mid-send: the workers are running, so
-			// their sends complete (or give up with their ctx).
-			for i := range q.parts {
-				pt := &q.parts[i]
-				pt.mu.Lock()
-				pt.closed = true
-				close(pt.ch)
-				pt.mu.Unlock()
-			}
-		}()
+		for i := range q.parts {
+			q.parts[i].close()
+		}
 	})
 	select {
 	case <-q.done:
@@ -351,34 +408,21 @@ func (q *Queue) put(ctx context.Context, it item) error {
 		return context.Cause(ctx)
 	}
 	pt := &q.parts[partition(it.key, len(q.parts))]
-	pt.mu.RLock()
-	err := pt.send(ctx, it, q.cfg.RefuseWhenFull, q.abort)
-	pt.mu.RUnlock()
-	return err
-}
-
-// send puts it in pt's buffer; the caller holds pt.mu shared.
-func (pt *part) send(ctx context.Context, it item, refuse bool, abort <-chan struct{}) error {
-	if pt.closed {
-		return ErrClosed
-	}
-	// Try without waiting first: a buffer with room is the common case,
-	// and the three-way select below costs more.
-	select {
-	case pt.ch <- it:
-		return nil
-	default:
-	}
-	if refuse {
-		return fmt.Errorf("queue: partition of %s: %w", it.key, ErrFull)
-	}
-	select {
-	case pt.ch <- it:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-abort:
-		return ErrClosed
+	for {
+		room, err := pt.put(it, q.cfg.Buffer)
+		if room == nil {
+			return err
+		}
+		if q.cfg.RefuseWhenFull {
+			return fmt.Errorf("queue: partition of %s: %w", it.key, ErrFull)
+		}
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-q.abort:
+			return ErrClosed
+		}
 	}
 }
 
@@ -437,29 +481,44 @@ func (w *waiter) await(ctx context.Context) (outcome, error) {
 	}
 }
 
-// work consumes partition p until its buffer is closed and empty.
+// work consumes partition p until it is closed and empty: it takes every
+// waiting job at once and runs them in order.
 func (q *Queue) work(ctx context.Context, p int) {
 	var (
-		ch      = q.parts[p].ch
-		next    item // a guard's fn that ended a batch, run next
-		hasNext bool
-		batch   []item
-		pc      = &q.stats.partitions[p]
+		pt    = &q.parts[p]
+		pc    = &q.stats.partitions[p]
+		spare []item
+		batch []item
 	)
 	for {
-		it := next
-		if hasNext {
-			next, hasNext = item{}, false
-		} else {
-			var ok bool
-			if it, ok = <-ch; !ok {
+		// takeAll made spare's storage the buffer: items' is the next spare.
+		items, closed := pt.takeAll(spare)
+		if len(items) == 0 {
+			spare = items
+			if closed {
 				return
 			}
-		}
-		if !it.take() {
+			<-pt.ready
 			continue
 		}
-		if it.isFn() {
+		batch = q.runItems(ctx, pc, items, batch)
+		clear(items) // let the jobs' payloads go
+		spare = items
+	}
+}
+
+// runItems runs items in order: a guard's fn alone and in its place, the
+// jobs between them one by one or, with a BatchHandler, in batches of up to
+// MaxBatch. Jobs whose submitter withdrew are skipped. batch is scratch
+// space, returned for reuse.
+func (q *Queue) runItems(ctx context.Context, pc *partitionCounters, items, batch []item) []item {
+	for i := 0; i < len(items); {
+		if it := items[i]; it.isFn() {
+			i++
+			pc.waiting(items, i)
+			if !it.take() {
+				continue
+			}
 			if q.aborted() {
 				it.answer(outcome{err: ErrClosed})
 				continue
@@ -468,32 +527,18 @@ func (q *Queue) work(ctx context.Context, p int) {
 			continue
 		}
 		if q.cfg.BatchHandler == nil {
-			var closed bool
-			if next, hasNext, closed = q.runPlain(ctx, pc, ch, it); closed {
-				return
-			}
+			i = q.runPlain(ctx, pc, items, i)
 			continue
 		}
-		// Take the jobs already waiting behind it, up to MaxBatch, stopping
-		// at a guard's fn, which must run alone and in its place.
-		batch = append(batch[:0], it)
-	collect:
-		for len(batch) < q.cfg.MaxBatch {
-			select {
-			case j, ok := <-ch:
-				if !ok {
-					break collect
-				}
-				if j.isFn() {
-					next, hasNext = j, true
-					break collect
-				}
-				if j.take() {
-					batch = append(batch, j)
-				}
-			default:
-				break collect
+		batch = batch[:0]
+		for ; i < len(items) && len(batch) < q.cfg.MaxBatch && !items[i].isFn(); i++ {
+			if items[i].take() {
+				batch = append(batch, items[i])
 			}
+		}
+		pc.waiting(items, i)
+		if len(batch) == 0 {
+			continue
 		}
 		pc.inFlight.Add(int64(len(batch)))
 		if q.aborted() {
@@ -504,8 +549,9 @@ func (q *Queue) work(ctx context.Context, p int) {
 			q.runBatch(ctx, pc, batch)
 		}
 		pc.inFlight.Add(-int64(len(batch)))
-		clear(batch) // let the jobs' payloads go
+		clear(batch)
 	}
+	return batch
 }
 
 func (q *Queue) aborted() bool { return q.abortFlag.Load() }
@@ -531,47 +577,27 @@ func (q *Queue) retryable(err error) bool {
 	return q.cfg.Retryable == nil || q.cfg.Retryable(err)
 }
 
-// runPlain runs the plain handler on it and on the jobs waiting behind it,
-// up to MaxBatch, in order, without copying them anywhere: the counters are
-// updated once for all of them. It stops early at a guard's fn, which it
-// returns to run next, or when the buffer is closed and empty.
-func (q *Queue) runPlain(ctx context.Context, pc *partitionCounters, ch <-chan item, it item) (next item, hasNext, closed bool) {
+// runPlain runs the plain handler on items from i up to the next guard's
+// fn, in order; the counters are updated once for all of them. It returns
+// the index of the first item it did not run.
+func (q *Queue) runPlain(ctx context.Context, pc *partitionCounters, items []item, i int) int {
 	pc.inFlight.Add(1)
 	handled := 0
-loop:
-	for n := 1; ; n++ {
+	for ; i < len(items) && !items[i].isFn(); i++ {
+		it := items[i]
+		pc.waiting(items, i+1)
+		if !it.take() {
+			continue
+		}
 		if q.aborted() {
 			it.answer(outcome{err: ErrClosed})
 		} else if q.runOne(ctx, pc, it) {
 			handled++
 		}
-		if n >= q.cfg.MaxBatch {
-			break
-		}
-		for {
-			select {
-			case j, ok := <-ch:
-				if !ok {
-					closed = true
-					break loop
-				}
-				if j.isFn() {
-					next, hasNext = j, true
-					break loop
-				}
-				if !j.take() {
-					continue
-				}
-				it = j
-				continue loop
-			default:
-				break loop
-			}
-		}
 	}
 	pc.handled.Add(int64(handled))
 	pc.inFlight.Add(-1)
-	return next, hasNext, closed
+	return i
 }
 
 // runOne runs the plain handler on it and answers it; it reports whether the

@@ -169,6 +169,41 @@ func TestOrderPerKey(t *testing.T) {
 	require.EqualValues(t, producers*keys*jobs, q.Stats().Handled)
 }
 
+// Submitters that each wait for their answer keep a worker going idle and
+// waking between runs of jobs: every one of them gets its own job's answer,
+// none is lost or answered twice. (A buffer handed back to producers while
+// the worker still read it lost jobs this way.)
+func TestSubmitWhileWorkerIdles(t *testing.T) {
+	t.Parallel()
+	const submitters, jobs = 16, 300
+	q := start(t, queue.Config{Partitions: 4, Buffer: 8, Handler: echo})
+	var wg sync.WaitGroup
+	errs := make(chan error, submitters)
+	for s := range submitters {
+		wg.Go(func() {
+			for i := range jobs {
+				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				want := fmt.Sprintf("%d/%d", s, i)
+				got, err := q.Submit(ctx, "k"+strconv.Itoa((s+i)%3), []byte(want))
+				cancel()
+				if err == nil && string(got) != want {
+					err = fmt.Errorf("submitted %s, answered %s", want, got)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, submitters*jobs, q.Stats().Handled)
+}
+
 // Keys of different partitions run in parallel: the handler of key a waits
 // until key b's has started, which only a queue with more than one worker can
 // satisfy.
@@ -200,7 +235,7 @@ func TestKeysRunInParallel(t *testing.T) {
 }
 
 // A full buffer gives backpressure: a producer waits until ctx ends, or with
-// RefuseWhenFull gets ErrFull at once. Memory stays bounded by Buffer.
+// RefuseWhenFull gets ErrFull at once. Memory stays bounded.
 func TestBackpressure(t *testing.T) {
 	t.Parallel()
 	for _, refuse := range []bool{false, true} {

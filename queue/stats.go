@@ -39,9 +39,18 @@ type counters struct {
 
 type partitionCounters struct {
 	inFlight, handled, redeliveries, deadLetters atomic.Int64
+	// taken is how many jobs the worker took from the buffer and has not
+	// started: they still count in the depth.
+	taken atomic.Int64
 	// Keeps each partition's counters on its own cache lines: the workers
 	// of neighbouring partitions write them at once.
 	_ [32]byte
+}
+
+// waiting records that the worker has started every job of items before
+// index next.
+func (pc *partitionCounters) waiting(items []item, next int) {
+	pc.taken.Store(int64(len(items) - next))
 }
 
 // Stats returns a snapshot of the queue's counters. It is safe to call at any
@@ -51,7 +60,7 @@ func (q *Queue) Stats() Stats {
 	for i := range q.parts {
 		pc := &q.stats.partitions[i]
 		ps := PartitionStats{
-			Depth:        len(q.parts[i].ch),
+			Depth:        q.parts[i].depth() + int(pc.taken.Load()),
 			InFlight:     pc.inFlight.Load(),
 			Handled:      pc.handled.Load(),
 			Redeliveries: pc.redeliveries.Load(),
