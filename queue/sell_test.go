@@ -19,15 +19,6 @@ import (
 	"github.com/contend/contend/queue"
 )
 
-// sellN sells min(n, stock) of id in one statement and reports how many it
-// sold. The row lock of the subquery makes "read the old stock" and "write
-// the new one" one step, so the count is right however many sellers run; the
-// queue just makes sure there is usually only one.
-const sellN = `UPDATE products p SET stock = p.stock - least(old.stock, $2)
-	FROM (SELECT stock FROM products WHERE id = $1 FOR UPDATE) old
-	WHERE p.id = $1
-	RETURNING old.stock - p.stock`
-
 var (
 	sold    = []byte("sold")
 	soldOut = []byte("sold-out")
@@ -52,7 +43,7 @@ func seller(db *sqlx.DB, statements *atomic.Int64) queue.BatchHandler {
 		sell := func(ctx context.Context, q contend.DBTX) error {
 			for _, k := range order {
 				var n int64
-				if err := q.QueryRowContext(ctx, sellN, k, count[k]).Scan(&n); err != nil {
+				if err := q.QueryRowContext(ctx, workload.SellN, k, count[k]).Scan(&n); err != nil {
 					return err
 				}
 				statements.Add(1)

@@ -25,7 +25,8 @@ type PartitionStats struct {
 	DeadLetters int64
 }
 
-func (s *PartitionStats) add(o PartitionStats) {
+// Add adds o's figures to s: a sum over partitions, or over instances.
+func (s *PartitionStats) Add(o PartitionStats) {
 	s.Depth += o.Depth
 	s.InFlight += o.InFlight
 	s.Handled += o.Handled
@@ -67,7 +68,7 @@ func (q *Queue) Stats() Stats {
 			DeadLetters:  pc.deadLetters.Load(),
 		}
 		s.Partitions[i] = ps
-		s.PartitionStats.add(ps)
+		s.PartitionStats.Add(ps)
 	}
 	return s
 }

@@ -160,3 +160,12 @@ func (g *MutexGuard) Do(ctx context.Context, _ string, fn func(context.Context) 
 	defer g.mu.Unlock()
 	return fn(ctx)
 }
+
+// SellN sells min($2, stock) of product $1 in one statement and returns how
+// many it sold: the row lock of the subquery makes reading the old stock and
+// writing the new one one step, so the count is right however many sellers
+// run. The queue's batch handlers sell a batch's buys of a product with it.
+const SellN = `UPDATE products p SET stock = p.stock - least(old.stock, $2)
+	FROM (SELECT stock FROM products WHERE id = $1 FOR UPDATE) old
+	WHERE p.id = $1
+	RETURNING old.stock - p.stock`

@@ -18,6 +18,24 @@
 // partitions up to their share, ⌈partitions / live instances⌉, found through
 // heartbeats, and hand partitions back when they hold more (an instance
 // joined), one per round.
+//
+// A job's deliveries are counted by the stream, across owners: [queue.Job]'s
+// Attempt is the stream's count (a retry bumps it with XCLAIM, a new owner's
+// claim counts too), and [Config.Retry] bounds it, so a job that fails on
+// every delivery is dead-lettered after Retry's deliveries, whichever
+// instances made them. Each owner that takes a partition delivers a pending
+// job at least once, though: entries an owner read and never handled (it
+// died, or handed the partition back, mid-batch) carry the count of that
+// read, and must not be dead-lettered without running. So a job that kills
+// its owner's process is not dead-lettered: each new owner runs it once.
+//
+// [Queue.Stats] and [Config.Observe] report what one instance did; only a
+// partition's depth is read from Redis and is the same for every instance.
+//
+// There is no Do (the [contend.Guard] of package queue): a closure cannot be
+// sent to the instance that holds a key's partition, and running it here
+// would exclude it neither from that instance's jobs nor from other callers.
+// Use package distlock to guard a function across instances.
 package redisq
 
 import (
@@ -59,10 +77,22 @@ type Config struct {
 	// MaxBatch is how many entries are read, and given to a BatchHandler,
 	// at once. Default: 100.
 	MaxBatch int
-	// Retry bounds the deliveries of a failing job by one owner; after the
-	// last it goes to the partition's dead-letter stream. Default: the zero
-	// contend.Retry (10 deliveries).
+	// Retry bounds the deliveries of a failing job, counted by the stream
+	// across owners (see the package doc), and the wait between them; after
+	// the last it goes to the partition's dead-letter stream. A failed
+	// batch is delivered again whole while each of its jobs has more than
+	// one delivery left, then its jobs run alone, so only the job that
+	// keeps failing is dead-lettered (after Retry's deliveries, or one more
+	// when MaxAttempts is 1). Default: the zero contend.Retry (10
+	// deliveries).
 	Retry contend.Retry
+	// Observe, when set, is called with every [queue.Event] of the jobs
+	// this instance handles: failed deliveries and dead letters. A delivery
+	// cut short because the lease was lost or Run is ending is no failure:
+	// the job is handed over, and reports nothing. Observe runs on the
+	// partition's worker goroutine and must not block. Default: nil, no
+	// events.
+	Observe func(queue.Event)
 	// LeaseTTL is the lease of a partition: a dead instance's partitions
 	// move after at most this long. Default: 5s.
 	LeaseTTL time.Duration
@@ -129,6 +159,8 @@ type Queue struct {
 	ownMu sync.Mutex      // protects owned
 	owned []chan struct{} // per partition: nil when not held, else closed to hand it back
 
+	counters []counters // per partition: what this instance did
+
 	waiting    map[string]chan string // submitters by request id; the listener runs once it is set
 	stopListen context.CancelFunc     // ends the listener
 	listenDone chan struct{}          // closed when the listener has returned
@@ -145,7 +177,7 @@ func New(cfg Config) (*Queue, error) {
 		return nil, fmt.Errorf("redisq: %w", err)
 	}
 	return &Queue{cfg: cfg, locks: locks, consumer: token.New(), ran: make(chan struct{}), listenDone: make(chan struct{}),
-		owned: make([]chan struct{}, cfg.Partitions)}, nil
+		owned: make([]chan struct{}, cfg.Partitions), counters: make([]counters, cfg.Partitions)}, nil
 }
 
 var _ queue.Backend = (*Queue)(nil)
@@ -491,7 +523,8 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 		if err != nil {
 			return
 		}
-		if !q.process(hctx, p, msgs, on) {
+		ds, err := q.claimed(hctx, stream, msgs)
+		if err != nil || !q.process(hctx, p, ds, on) {
 			return
 		}
 		if next == "0-0" {
@@ -510,88 +543,177 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 		if err != nil {
 			return
 		}
-		if !q.process(hctx, p, res[0].Messages, on) {
+		ds := make([]delivery, len(res[0].Messages))
+		for i, m := range res[0].Messages {
+			ds[i] = delivery{m, toJob(m, 1)} // a new entry's first delivery
+		}
+		if !q.process(hctx, p, ds, on) {
 			return
 		}
 	}
 }
 
-// process handles msgs in order; it reports false when it stopped early
-// because the lease was lost or Run is ending, or Redis failed.
-func (q *Queue) process(ctx context.Context, p int, msgs []redis.XMessage, on func() bool) bool {
-	if len(msgs) == 0 {
-		return true
-	}
-	if q.cfg.BatchHandler == nil {
-		for _, m := range msgs {
-			if !on() {
-				return false
-			}
-			job := toJob(m)
-			var value []byte
-			_, err := q.cfg.Retry.Do(ctx, func(ctx context.Context) error {
-				job.Attempt++
-				var err error
-				value, err = callHandler(ctx, q.cfg.Handler, job)
-				return err
-			}, nil)
-			if !q.finish(ctx, p, []redis.XMessage{m}, []queue.Job{job}, []queue.Result{{Value: value}}, err) {
-				return false
-			}
-		}
-		return true
-	}
-	if !on() {
-		return false
-	}
-	jobs := make([]queue.Job, len(msgs))
-	for i, m := range msgs {
-		jobs[i] = toJob(m)
-	}
-	var results []queue.Result
-	_, err := q.cfg.Retry.Do(ctx, func(ctx context.Context) error {
-		for i := range jobs {
-			jobs[i].Attempt++
-		}
-		var err error
-		results, err = callBatch(ctx, q.cfg.BatchHandler, jobs)
-		return err
-	}, nil)
-	if err != nil && len(msgs) > 1 && ctx.Err() == nil {
-		// Run each alone, so only the job that keeps failing is
-		// dead-lettered.
-		for _, m := range msgs {
-			if !q.process(ctx, p, []redis.XMessage{m}, on) {
-				return false
-			}
-		}
-		return true
-	}
-	return q.finish(ctx, p, msgs, jobs, results, err)
+// A delivery is an entry as this owner delivers it: its job's Attempt is the
+// stream's delivery count of the entry.
+type delivery struct {
+	msg redis.XMessage
+	job queue.Job
 }
 
-// finish answers, dead-letters (on err) and acknowledges msgs. The dead
+// claimed reads the delivery counts of the entries XAUTOCLAIM just took
+// (which counted the claim as a delivery): one XPENDING over their range.
+func (q *Queue) claimed(ctx context.Context, stream string, msgs []redis.XMessage) ([]delivery, error) {
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	pending, err := q.cfg.Redis.XPendingExt(ctx, &redis.XPendingExtArgs{
+		Stream: stream, Group: group, Consumer: q.consumer,
+		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs)),
+	}).Result()
+	if err != nil {
+		return nil, err
+	}
+	count := make(map[string]int, len(pending))
+	for _, e := range pending {
+		count[e.ID] = int(e.RetryCount)
+	}
+	ds := make([]delivery, len(msgs))
+	for i, m := range msgs {
+		ds[i] = delivery{m, toJob(m, max(count[m.ID], 1))}
+	}
+	return ds, nil
+}
+
+// process handles ds in order; it reports false when it stopped early
+// because the lease was lost or Run is ending, or Redis failed.
+func (q *Queue) process(ctx context.Context, p int, ds []delivery, on func() bool) bool {
+	if len(ds) == 0 {
+		return true
+	}
+	if q.cfg.BatchHandler != nil {
+		return on() && q.deliver(ctx, p, ds, on)
+	}
+	for i := range ds {
+		if !on() || !q.deliver(ctx, p, ds[i:i+1], on) {
+			return false
+		}
+	}
+	return true
+}
+
+// deliver runs the handler on ds until it succeeds or the jobs are
+// dead-lettered, and acknowledges them; it reports false as process does.
+func (q *Queue) deliver(ctx context.Context, p int, ds []delivery, on func() bool) bool {
+	pc := &q.counters[p]
+	for {
+		latest := 0
+		for _, d := range ds {
+			if d.job.Attempt > 1 {
+				pc.redeliveries.Add(1)
+			}
+			latest = max(latest, d.job.Attempt)
+		}
+		results, err := q.handle(ctx, pc, ds)
+		if err == nil {
+			pc.handled.Add(int64(len(ds)))
+			return q.finish(ctx, p, ds, results, nil)
+		}
+		if ctx.Err() != nil {
+			return false // the lease was lost mid-job, or Run is ending: the next owner redelivers
+		}
+		for _, d := range ds {
+			q.observe(queue.EventFailed, p, d.job, err)
+		}
+		switch last := q.cfg.Retry.Attempts(); {
+		case len(ds) == 1 && latest >= last:
+			pc.deadLetters.Add(1)
+			q.observe(queue.EventDeadLettered, p, ds[0].job, err)
+			return q.finish(ctx, p, ds, nil, err)
+		case len(ds) > 1 && latest+1 >= last:
+			// Run each alone, so only the job that keeps failing is
+			// dead-lettered and the others still get their answers.
+			if !q.again(ctx, p, ds, on) {
+				return false
+			}
+			for i := range ds {
+				if !on() || !q.deliver(ctx, p, ds[i:i+1], on) {
+					return false
+				}
+			}
+			return true
+		}
+		if !q.again(ctx, p, ds, on) {
+			return false
+		}
+	}
+}
+
+// handle runs the handler on the jobs of ds: the plain one on a single job.
+func (q *Queue) handle(ctx context.Context, pc *counters, ds []delivery) ([]queue.Result, error) {
+	pc.inFlight.Add(int64(len(ds)))
+	defer pc.inFlight.Add(-int64(len(ds)))
+	if q.cfg.BatchHandler == nil {
+		value, err := callHandler(ctx, q.cfg.Handler, ds[0].job)
+		return []queue.Result{{Value: value}}, err
+	}
+	jobs := make([]queue.Job, len(ds))
+	for i, d := range ds {
+		jobs[i] = d.job
+	}
+	return callBatch(ctx, q.cfg.BatchHandler, jobs)
+}
+
+// again waits before the next delivery of ds and counts it in the stream
+// (XCLAIM without JUSTID adds one to each entry's delivery count), so that an
+// owner taking the partition over continues the count rather than restarting
+// it. It reports false when the worker must stop instead.
+func (q *Queue) again(ctx context.Context, p int, ds []delivery, on func() bool) bool {
+	latest := 0
+	ids := make([]string, len(ds))
+	for i, d := range ds {
+		latest = max(latest, d.job.Attempt)
+		ids[i] = d.msg.ID
+	}
+	if q.cfg.Retry.Wait(ctx, latest) != nil || !on() {
+		return false
+	}
+	err := q.cfg.Redis.XClaim(ctx, &redis.XClaimArgs{
+		Stream: q.stream(p), Group: group, Consumer: q.consumer, Messages: ids,
+	}).Err()
+	if err != nil {
+		return false
+	}
+	for i := range ds {
+		ds[i].job.Attempt++
+	}
+	return true
+}
+
+func (q *Queue) observe(kind queue.EventKind, p int, job queue.Job, err error) {
+	if q.cfg.Observe != nil {
+		q.cfg.Observe(queue.Event{Kind: kind, Key: job.Key, Partition: p, Attempt: job.Attempt, Err: err})
+	}
+}
+
+// finish answers, dead-letters (on err) and acknowledges ds. The dead
 // letter and the answer are written before the acknowledgement, so a crash
 // in between duplicates them rather than losing the job.
-func (q *Queue) finish(ctx context.Context, p int, msgs []redis.XMessage, jobs []queue.Job, results []queue.Result, err error) bool {
-	if err != nil && ctx.Err() != nil {
-		return false // the lease was lost mid-job: the next owner redelivers it
-	}
-	ids := make([]string, len(msgs))
+func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queue.Result, err error) bool {
+	ids := make([]string, len(ds))
 	pipe := q.cfg.Redis.TxPipeline()
-	for i, m := range msgs {
-		ids[i] = m.ID
+	for i, d := range ds {
+		ids[i] = d.msg.ID
 		r := queue.Result{Err: err}
 		if err == nil {
 			r = results[i]
 		} else {
 			pipe.XAdd(ctx, &redis.XAddArgs{Stream: q.DeadLetters(p), Values: []any{
-				"key", jobs[i].Key, "payload", jobs[i].Payload, "id", m.ID,
-				"attempts", jobs[i].Attempt, "error", err.Error(),
+				"key", d.job.Key, "payload", d.job.Payload, "id", d.msg.ID,
+				"attempts", d.job.Attempt, "error", err.Error(),
 			}})
 		}
-		if reply, ok := m.Values["reply"].(string); ok {
-			req, _ := m.Values["request"].(string)
+		if reply, ok := d.msg.Values["reply"].(string); ok {
+			req, _ := d.msg.Values["request"].(string)
 			pipe.LPush(ctx, reply, req+"|"+encodeAnswer(r))
 			pipe.PExpire(ctx, reply, q.cfg.ReplyTTL)
 		}
@@ -606,10 +728,10 @@ func (q *Queue) finish(ctx context.Context, p int, msgs []redis.XMessage, jobs [
 	return perr == nil
 }
 
-func toJob(m redis.XMessage) queue.Job {
+func toJob(m redis.XMessage, attempt int) queue.Job {
 	key, _ := m.Values["key"].(string)
 	payload, _ := m.Values["payload"].(string)
-	return queue.Job{Key: key, Payload: []byte(payload)}
+	return queue.Job{Key: key, Payload: []byte(payload), Attempt: attempt}
 }
 
 func callHandler(ctx context.Context, h queue.Handler, job queue.Job) (value []byte, err error) {
