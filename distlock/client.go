@@ -14,13 +14,11 @@ import (
 	"github.com/contend/contend/internal/token"
 )
 
-// RedisClient is what a [Client] needs of go-redis: scripts, a MULTI for
-// the common obtain, and one subscription for the grants that hand a
-// released lock to a waiter. [redis.UniversalClient] satisfies it (a single
+// RedisClient is what a [Client] needs of go-redis: scripts, and one
+// subscription for the grants that hand a released lock to a waiter. [redis.UniversalClient] satisfies it (a single
 // node, Sentinel or Cluster); tests wrap it to inject faults.
 type RedisClient interface {
 	redis.Scripter
-	TxPipeline() redis.Pipeliner
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 
@@ -366,15 +364,12 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	return l, nil
 }
 
-// take is the common obtain, of a free key: one MULTI sets the lock if
-// nobody holds it and moves the fencing counter, costing Redis a fraction of
-// what the acquire script does, and nothing is queued. The counter moves
-// even when the key is held: fencing tokens need only increase, and they
-// do in the order holders entered, since a winner's increment runs in the
-// same MULTI as its SET and before its release. A counter that was missing
-// (the increment made it 1: a new key, or a Redis that lost its data) is
-// restarted from the server's clock by the fence script, as the acquire
-// script does. It returns nil when the key is held.
+// take is the common obtain, of a free key: a small script sets the lock
+// if nobody holds it and moves the fencing counter, costing a fraction of
+// what the acquire script does, and queues nothing. A counter that was
+// missing (the increment made it 1: a new key, or a Redis that lost its
+// data) is restarted from the server's clock by the fence script, as the
+// acquire script does. It returns nil when the key is held.
 //
 // A key whose holder's lease ran out while others were queued for it is
 // free, and take gives it to the caller rather than to the oldest waiter:
@@ -382,24 +377,15 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 // newcomer's release, or find the key free when they check.
 func (c *Client) take(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (*Lock, error) {
 	began := time.Now()
-	pipe := c.rdb.TxPipeline()
-	set := pipe.SetArgs(ctx, keys[0], tok, redis.SetArgs{Mode: "NX", TTL: ttl})
-	incr := pipe.Incr(ctx, keys[1])
-	_, _ = pipe.Exec(ctx) // each command keeps its own error
-	switch err := set.Err(); {
-	case errors.Is(err, redis.Nil):
-		return nil, nil // held
+	fence, err := takeScript.Run(ctx, c.rdb, keys[:2], tok, ttl.Milliseconds()).Int64()
+	switch {
 	case err != nil:
 		return nil, err
-	}
-	fence, err := incr.Result()
-	if err != nil {
-		// The lock was set: let the caller's clean-up release it.
-		return nil, err
-	}
-	if fence == 1 {
+	case fence == 0:
+		return nil, nil // held
+	case fence == 1:
 		if fence, err = fenceScript.Run(ctx, c.rdb, keys[:2]).Int64(); err != nil {
-			return nil, err
+			return nil, err // the caller's clean-up releases the lock
 		}
 	}
 	l := newLock(c, key, keys, tok, fence, ttl, began.Add(ttl))

@@ -20,6 +20,8 @@ var (
 	refreshLua string
 	//go:embed lua/fence.lua
 	fenceLua string
+	//go:embed lua/take.lua
+	takeLua string
 	//go:embed lua/free.lua
 	freeLua string
 	//go:embed lua/pttl.lua
@@ -32,6 +34,7 @@ var (
 	acquireScript = redis.NewScript(libLua + acquireLua)
 	releaseScript = redis.NewScript(libLua + releaseLua)
 	fenceScript   = redis.NewScript(libLua + fenceLua)
+	takeScript    = redis.NewScript(takeLua)
 	freeScript    = redis.NewScript(freeLua)
 	refreshScript = redis.NewScript(refreshLua)
 	pttlScript    = redis.NewScript(pttlLua)
