@@ -14,6 +14,7 @@
 //	pessimistic  pessimistic.Locker.Do around a read-check-write
 //	optimistic   optimistic.Store.Update (version check, retry)
 //	distlock     distlock.Client.Do around the read-check-write
+//	poll         SET NX PX retried every 1 ms, around it: the bare polling loop (a peer)
 //	redislock    bsm/redislock around the same read-check-write (a peer)
 //	redsync      go-redsync/redsync around it (a peer)
 //	queue        an in-memory queue whose partition consumers batch the

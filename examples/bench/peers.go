@@ -48,6 +48,40 @@ func (g *redislockGuard) Do(ctx context.Context, key string, fn func(context.Con
 	return fn(ctx)
 }
 
+// pollGuard is the lock the popular libraries reduce to on a held key, with
+// nothing else: SET NX PX retried every millisecond, released by the
+// compare-and-delete script. The issue's floor for distlock's waits.
+type pollGuard struct {
+	rdb    *redis.Client
+	prefix string
+}
+
+var pollRelease = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+func (g *pollGuard) Do(ctx context.Context, key string, fn func(context.Context) error) (err error) {
+	key, tok := g.prefix+key, newToken()
+	for {
+		ok, err := g.rdb.SetNX(ctx, key, tok, peerTTL).Result()
+		if err != nil {
+			return err
+		}
+		if ok {
+			break
+		}
+		t := time.NewTimer(time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("poll %s: %w (%w)", key, contend.ErrConflict, context.Cause(ctx))
+		}
+	}
+	defer func() {
+		err = errors.Join(err, pollRelease.Run(context.WithoutCancel(ctx), g.rdb, []string{key}, tok).Err())
+	}()
+	return fn(ctx)
+}
+
 // redsyncGuard runs fn under a go-redsync/redsync mutex on one Redis node.
 type redsyncGuard struct {
 	rs     *redsync.Redsync

@@ -347,6 +347,7 @@ func strategyColor(s string) color.Color {
 		"pessimistic": {213, 94, 0, 255},
 		"optimistic":  {0, 158, 115, 255},
 		"distlock":    {204, 121, 167, 255},
+		"poll":        {160, 160, 60, 255},
 		"redislock":   {86, 180, 233, 255},
 		"redsync":     {120, 60, 160, 255},
 		"queue":       {230, 159, 0, 255},

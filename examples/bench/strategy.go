@@ -22,9 +22,9 @@ import (
 )
 
 // The strategies, in the order they are shown. raw is the floor every other
-// one is measured against; redislock and redsync are peers of distlock;
-// naive is the negative control.
-var allStrategies = []string{"raw", "atomic", "pessimistic", "optimistic", "distlock", "redislock", "redsync", "queue", "naive"}
+// one is measured against; poll (the bare 1 ms polling loop), redislock and
+// redsync are peers of distlock; naive is the negative control.
+var allStrategies = []string{"raw", "atomic", "pessimistic", "optimistic", "distlock", "poll", "redislock", "redsync", "queue", "naive"}
 
 // The workloads: the chapter's "decrement stock if available" and the first
 // seed's "claim a job once".
@@ -159,6 +159,8 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 			return nil, nil, err
 		}
 		return load.Guarded(cl, rcw), func() { cl.Close(context.WithoutCancel(ctx)) }, nil
+	case "poll":
+		return load.Guarded(&pollGuard{rdb: b.rdb, prefix: b.redisPrefix}, rcw), nothing, nil
 	case "redislock":
 		return load.Guarded(newRedislockGuard(b.rdb, b.redisPrefix), rcw), nothing, nil
 	case "redsync":
