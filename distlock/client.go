@@ -161,7 +161,8 @@ func checkKey(op, key string) error {
 //
 // Waiters are served in arrival order: a release hands the lock straight to
 // the oldest waiter and wakes only that waiter's process, through one
-// subscription the Client owns. The Client never closes the Redis client it
+// subscription the Client owns (or, when the waiter is the releasing
+// Client's own, from the release's reply, with no message at all). The Client never closes the Redis client it
 // was given; [Client.Close] stops the subscription.
 //
 // A Client is safe for simultaneous use by multiple goroutines. Use one per
@@ -532,7 +533,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 func (c *Client) leave(ctx context.Context, keys []string, tok string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	_ = releaseScript.Run(ctx, c.rdb, keys, tok, "1").Err()
+	_, _ = c.runRelease(ctx, keys, tok, "1")
 }
 
 // refresh, release and pttl make the Client a lockOwner.
@@ -554,8 +555,25 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 			return n == 1, err
 		}
 	}
-	n, err := releaseScript.Run(ctx, c.rdb, l.keys, l.token, "0").Int64()
-	return n != 0, err
+	return c.runRelease(ctx, l.keys, l.token, "0")
+}
+
+// runRelease runs the release script for tok and reports whether tok held
+// the lock. A lock it hands to a waiter of this client comes back as the
+// grant message, without a publish: the release wakes the waiter itself.
+func (c *Client) runRelease(ctx context.Context, keys []string, tok, givingUp string) (bool, error) {
+	res, err := releaseScript.Run(ctx, c.rdb, keys, tok, givingUp, c.channel).Result()
+	if err != nil {
+		return false, err
+	}
+	switch r := res.(type) {
+	case int64:
+		return r != 0, nil
+	case string:
+		c.wake(r)
+		return true, nil
+	}
+	return false, fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 }
 
 func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {

@@ -51,6 +51,45 @@ func TestWaitersAreServedInOrder(t *testing.T) {
 	require.Zero(t, rdb.Exists(ctx, lockKey(prefix, "job")).Val())
 }
 
+// A release that hands the lock to a waiter of its own client wakes it from
+// the script's reply, publishing nothing; a waiter of another client (another
+// process) is told on its client's channel.
+func TestLocalGrantIsNotPublished(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
+	ctx := t.Context()
+	grants := rdb.PSubscribe(ctx, prefix+"grants:*")
+	defer grants.Close()
+	_, err := grants.Receive(ctx) // the subscription is confirmed
+	require.NoError(t, err)
+
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	local := obtainAsync(ctx, c, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	remote := obtainAsync(ctx, other, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 2)
+
+	require.NoError(t, holder.Release(ctx))
+	got := receive(t, local, 5*time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.l.Fence(), holder.Fence())
+	select {
+	case m := <-grants.Channel():
+		t.Fatalf("a grant to a waiter of the releasing client was published: %v", m)
+	case <-time.After(100 * time.Millisecond):
+	}
+
+	require.NoError(t, got.l.Release(ctx))
+	gotRemote := receive(t, remote, 5*time.Second)
+	require.NoError(t, gotRemote.err)
+	require.Greater(t, gotRemote.l.Fence(), got.l.Fence())
+	m := receive(t, grants.Channel(), 5*time.Second)
+	require.Contains(t, m.Payload, " ", "the other client's grant went out on its channel")
+	require.NoError(t, gotRemote.l.Release(ctx))
+}
+
 // A waiter whose ctx ends stops at once, with an error that says both "busy"
 // and why it stopped, and leaves the queue: the next release does not hand
 // the lock to it.
