@@ -67,9 +67,34 @@ func Run(ctx context.Context, db contend.DBTX, opts Options, fn func(ctx context
 	}, retryable)
 }
 
+// conner is a pool that hands out a connection of its own: [*sql.DB] and
+// sqlx's DB.
+type conner interface {
+	Conn(ctx context.Context) (*sql.Conn, error)
+}
+
 // once runs one attempt: begin, fn, commit or roll back.
+//
+// database/sql rolls back a transaction whose ctx ends on a goroutine of its
+// own and lets the caller go on at once: a guard could return, and its
+// caller try the key again, before the server had let go of the
+// transaction's locks. So the transaction is begun without ctx's
+// cancellation and rolled back here, before once returns. The wait for a
+// connection and fn's statements still end with ctx, and a transaction
+// whose ctx ended while fn ran is rolled back, not committed.
 func once(ctx context.Context, b Beginner, txOpts *sql.TxOptions, fn func(context.Context, contend.DBTX) error) (err error) {
-	tx, err := b.BeginTx(ctx, txOpts)
+	if p, ok := b.(conner); ok {
+		conn, err := p.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		b = conn
+	}
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	tx, err := b.BeginTx(context.WithoutCancel(ctx), txOpts)
 	if err != nil {
 		return err
 	}
@@ -78,13 +103,15 @@ func once(ctx context.Context, b Beginner, txOpts *sql.TxOptions, fn func(contex
 		if committed {
 			return
 		}
-		// Runs on error and on panic alike. A transaction whose ctx ended has
-		// been rolled back by database/sql already; ErrTxDone says so.
+		// Runs on error and on panic alike.
 		if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
 			err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
 		}
 	}()
 	if err := fn(contend.WithQuerier(ctx, tx), tx); err != nil {
+		return err
+	}
+	if err := context.Cause(ctx); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {

@@ -127,3 +127,40 @@ func TestBadInput(t *testing.T) {
 	_, err = txn.Run(t.Context(), setup(t), txn.Options{}, nil)
 	require.ErrorIs(t, err, contend.ErrInvalid)
 }
+
+// A transaction whose ctx ends while fn runs is rolled back before Run
+// returns, locks and all: the caller can take the lock again at once, on
+// both drivers. (database/sql's own rollback of a cancelled transaction
+// runs on a goroutine of its own and let Run return first.)
+func TestCancelledTransactionLetsGoBeforeReturning(t *testing.T) {
+	t.Parallel()
+	for lock, driver := range []string{"pgx", "postgres"} {
+		// Advisory locks are the whole database's: one per subtest.
+		lock += 4200
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			db := testserver.DB(t, driver)
+			_, err := db.Exec(`CREATE TABLE t (id int PRIMARY KEY, n int NOT NULL); INSERT INTO t VALUES (1, 0)`)
+			require.NoError(t, err)
+			for i := range 50 {
+				ctx, cancel := context.WithCancel(t.Context())
+				_, err := txn.Run(ctx, db, txn.Options{}, func(ctx context.Context, tx contend.DBTX) error {
+					if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, lock); err != nil {
+						return err
+					}
+					require.NoError(t, bump(ctx, tx))
+					cancel()
+					<-ctx.Done()
+					return nil // fn succeeded, but its ctx ended: no commit
+				})
+				require.ErrorIs(t, err, context.Canceled)
+				var free bool
+				require.NoError(t, db.Get(&free, `SELECT pg_try_advisory_lock($1)`, lock))
+				require.True(t, free, "round %d: the lock was still held after Run returned", i)
+				_, err = db.Exec(`SELECT pg_advisory_unlock_all()`)
+				require.NoError(t, err)
+			}
+			require.Zero(t, value(t, db), "a transaction whose ctx ended committed")
+		})
+	}
+}
