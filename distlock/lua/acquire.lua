@@ -19,7 +19,7 @@ if not cur then
   -- with waiters queued, the oldest of them goes first, not a newcomer.
   local r = false
   if redis.call('LLEN', KEYS[3]) > 0 then
-    r = grant_next(now_ms(), token, false)
+    r = grant_next(token, false)
   end
   if r ~= 'granted' then
     redis.call('SET', KEYS[1], token, 'PX', ttl)

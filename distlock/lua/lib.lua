@@ -49,7 +49,8 @@ end
 -- when that is local (the caller's own process's), in its return value:
 -- the caller wakes the waiter itself, a hop sooner. It returns false when
 -- nobody is waiting, 'granted' when it published.
-local function grant_next(now, self, local_channel)
+local function grant_next(self, local_channel)
+  local now
   while true do
     local t = redis.call('LPOP', KEYS[3])
     if not t then return false end
@@ -57,6 +58,7 @@ local function grant_next(now, self, local_channel)
     if w then
       redis.call('HDEL', KEYS[4], t)
       local deadline, grant_ms, seq, channel = string.match(w, '^(%d+) (%d+) (%d+) (.*)$')
+      now = now or now_ms()
       if tonumber(deadline) >= now then
         if t == self then return 'self' end
         redis.call('SET', KEYS[1], t, 'PX', grant_ms)

@@ -13,10 +13,8 @@ if ARGV[2] == '1' and redis.call('HDEL', KEYS[4], token) == 1 then
   redis.call('LREM', KEYS[3], 1, token)
 end
 if redis.call('GET', KEYS[1]) ~= token then return 0 end
-if redis.call('LLEN', KEYS[3]) > 0 then
-  local r = grant_next(now_ms(), false, ARGV[3])
-  if r == 'granted' then return 2 end
-  if r then return r end
-end
+local r = grant_next(false, ARGV[3])
+if r == 'granted' then return 2 end
+if r then return r end
 redis.call('DEL', KEYS[1])
 return 1
