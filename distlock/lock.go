@@ -51,16 +51,16 @@ type Lock struct {
 	valid time.Time
 
 	// A lock handed over by a release is held at first for the short grant
-	// lease only; accept extends it to its TTL beside the holder's work, on a
-	// goroutine of the lock's own that Release waits for.
-	accepting  chan struct{} // closed when the accept has finished; nil if none
-	acceptNow  chan struct{} // closed by Hold: extend at once
-	acceptStop chan struct{} // closed by Release: no need to extend any more
-	acceptFrom time.Time     // when accept was called: the extension starts no earlier
-	releasing  atomic.Bool   // set before the release is sent: a later accept failure means nothing
-	amu        sync.Mutex    // protects acceptErr and onLost
-	acceptErr  error         // the accept failed before the release: the lock was lost
-	onLost     context.CancelCauseFunc
+	// lease only; accept extends it to its TTL beside the holder's work, from
+	// a timer that Hold fires at once and Release stops, or waits for.
+	accepting   chan struct{} // closed when the extension has finished; nil if none
+	acceptTimer *time.Timer   // runs the extension; stopped, it never will
+	acceptFrom  time.Time     // when accept was called: the extension starts no earlier
+	acceptBy    time.Time     // the grant lease's end: the extension's deadline
+	releasing   atomic.Bool   // set before the release is sent: a later accept failure means nothing
+	amu         sync.Mutex    // protects acceptErr and onLost
+	acceptErr   error         // the accept failed before the release: the lock was lost
+	onLost      context.CancelCauseFunc
 
 	mu         sync.Mutex // protects the fields below; held during Release
 	hold       *keepalive.Hold
@@ -76,50 +76,44 @@ func newLock(owner lockOwner, key string, keys []string, tok string, fence int64
 	return &Lock{owner: owner, key: key, keys: keys, token: tok, fence: fence, ttl: ttl, valid: valid}
 }
 
-// accept extends a lock handed over by a release to its TTL, on its own
-// goroutine, bounded by the grant lease (deadline): past it, an answer would
-// prove nothing. It waits a little first, because a hot key's holder often
-// releases within microseconds and then the extension is a wasted round
-// trip; Hold asks for it at once. A failure before the release is a lost
-// lock: a hold's ctx is cancelled with it.
+// accept extends a lock handed over by a release to its TTL, bounded by
+// the grant lease (deadline): past it, an answer would prove nothing. It
+// waits a little first, on a timer rather than a goroutine, because a hot
+// key's holder often releases within microseconds, and then the extension
+// is a wasted round trip and Release only stops the timer; Hold asks for it
+// at once. A failure before the release is a lost lock: a hold's ctx is
+// cancelled with it.
 func (l *Lock) accept(deadline time.Time) {
 	l.accepting = make(chan struct{})
-	l.acceptNow = make(chan struct{})
-	l.acceptStop = make(chan struct{})
 	l.acceptFrom = time.Now()
+	l.acceptBy = deadline
 	// Well inside the grant lease, of which at least half is left.
-	delay := time.Until(deadline) / 4
-	go func() {
-		defer close(l.accepting)
-		t := time.NewTimer(delay)
-		defer t.Stop()
-		select {
-		case <-t.C:
-		case <-l.acceptNow:
-		case <-l.acceptStop:
-			return
-		}
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		defer cancel()
-		held, err := l.extend(ctx, l.ttl)
-		switch {
-		case err != nil:
-			err = fmt.Errorf("distlock: obtain %q: accepting the grant: %v: %w", l.key, err, contend.ErrLockLost)
-		case !held:
-			err = fmt.Errorf("distlock: obtain %q: the grant lapsed before it was accepted: %w", l.key, contend.ErrLockLost)
-		}
-		if err == nil || l.releasing.Load() {
-			return
-		}
-		l.amu.Lock()
-		l.acceptErr = err
-		onLost := l.onLost
-		l.amu.Unlock()
-		if onLost != nil {
-			onLost(err)
-		}
-		l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: err})
-	}()
+	l.acceptTimer = time.AfterFunc(time.Until(deadline)/4, l.extendGrant)
+}
+
+// extendGrant is the extension of accept, run once, by its timer or by Hold.
+func (l *Lock) extendGrant() {
+	defer close(l.accepting)
+	ctx, cancel := context.WithDeadline(context.Background(), l.acceptBy)
+	defer cancel()
+	held, err := l.extend(ctx, l.ttl)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("distlock: obtain %q: accepting the grant: %v: %w", l.key, err, contend.ErrLockLost)
+	case !held:
+		err = fmt.Errorf("distlock: obtain %q: the grant lapsed before it was accepted: %w", l.key, contend.ErrLockLost)
+	}
+	if err == nil || l.releasing.Load() {
+		return
+	}
+	l.amu.Lock()
+	l.acceptErr = err
+	onLost := l.onLost
+	l.amu.Unlock()
+	if onLost != nil {
+		onLost(err)
+	}
+	l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: err})
 }
 
 // Key returns the key the lock is on, without the prefix.
@@ -230,12 +224,14 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 		select {
 		case <-l.accepting:
 		default:
-			// The accept is pending: have it sent now, and count the lease
-			// from no later than it starts. Should it fail, the hold's ctx is
-			// cancelled with its error before the grant lease, which is all
-			// the lock had, runs out.
+			// The extension is pending or under way: have it sent now if it
+			// was waiting, and count the lease from no later than it starts.
+			// Should it fail, the hold's ctx is cancelled with its error
+			// before the grant lease, which is all the lock had, runs out.
 			obtained = l.acceptFrom
-			close(l.acceptNow)
+			if l.acceptTimer.Stop() {
+				go l.extendGrant()
+			}
 		}
 		parent, l.holdCancel = context.WithCancelCause(ctx)
 		l.amu.Lock()
@@ -292,15 +288,18 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if l.accepting != nil {
-		select {
-		case <-l.acceptStop:
-		default:
-			close(l.acceptStop)
+	// An extension stopped here never runs: it counts as finished. One that
+	// runs is waited for.
+	extending := false
+	if l.acceptTimer != nil {
+		if l.acceptTimer.Stop() {
+			close(l.accepting)
+		} else {
+			extending = true
 		}
 	}
 	held, err := l.owner.release(rctx, l)
-	if l.accepting != nil {
+	if extending {
 		<-l.accepting
 	}
 	l.amu.Lock()
