@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -176,8 +177,8 @@ type Client struct {
 	waiters map[string]chan<- grant // token → its waiter's wake-up
 	busy    map[string]struct{}     // keys whose last wait here queued: skip take
 	sub     *subscriber             // nil until the first wait
-	closed  bool
-	closing chan struct{} // closed by Close
+	closed  atomic.Bool             // set under mu; read without it on every obtain
+	closing chan struct{}           // closed by Close
 }
 
 var _ contend.Guard = (*Client)(nil)
@@ -260,8 +261,8 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 // on a client that never subscribed. It does not close the Redis client.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
-	if !c.closed {
-		c.closed = true
+	if !c.closed.Load() {
+		c.closed.Store(true)
 		close(c.closing)
 		if c.sub != nil {
 			close(c.sub.stop)
@@ -320,11 +321,7 @@ func (c *Client) setBusy(key string, busy bool) {
 	c.busy[key] = struct{}{}
 }
 
-func (c *Client) isClosed() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.closed
-}
+func (c *Client) isClosed() bool { return c.closed.Load() }
 
 func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
 	if err := checkKey("obtain", key); err != nil {

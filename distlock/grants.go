@@ -38,7 +38,7 @@ type grant struct{ seq, fence int64 }
 func (c *Client) register(tok string, wake chan<- grant) (*subscriber, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed.Load() {
 		return nil, ErrClosed
 	}
 	if c.sub == nil {
@@ -101,7 +101,7 @@ func (c *Client) subscribe(s *subscriber) bool {
 	ps := c.rdb.Subscribe(context.Background(), c.channel)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
+	if c.closed.Load() {
 		_ = ps.Close()
 		return false
 	}
