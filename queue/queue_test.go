@@ -15,6 +15,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/queue"
 )
 
@@ -142,25 +143,16 @@ func TestOrderPerKey(t *testing.T) {
 		mu.Unlock()
 		return nil, nil
 	}})
-	var wg sync.WaitGroup
-	errs := make(chan error, producers)
-	for p := range producers {
-		wg.Go(func() {
-			for seq := range jobs {
-				for k := range keys {
-					if err := q.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
-						errs <- err
-						return
-					}
+	workload.Each(t, producers, func(p int) error {
+		for seq := range jobs {
+			for k := range keys {
+				if err := q.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
+					return err
 				}
 			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+		}
+		return nil
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, q.Close(ctx), "Close drains every accepted job")
@@ -177,30 +169,21 @@ func TestSubmitWhileWorkerIdles(t *testing.T) {
 	t.Parallel()
 	const submitters, jobs = 16, 300
 	q := start(t, queue.Config{Partitions: 4, Buffer: 8, Handler: echo})
-	var wg sync.WaitGroup
-	errs := make(chan error, submitters)
-	for s := range submitters {
-		wg.Go(func() {
-			for i := range jobs {
-				ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-				want := fmt.Sprintf("%d/%d", s, i)
-				got, err := q.Submit(ctx, "k"+strconv.Itoa((s+i)%3), []byte(want))
-				cancel()
-				if err == nil && string(got) != want {
-					err = fmt.Errorf("submitted %s, answered %s", want, got)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
+	workload.Each(t, submitters, func(s int) error {
+		for i := range jobs {
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			want := fmt.Sprintf("%d/%d", s, i)
+			got, err := q.Submit(ctx, "k"+strconv.Itoa((s+i)%3), []byte(want))
+			cancel()
+			if err == nil && string(got) != want {
+				err = fmt.Errorf("submitted %s, answered %s", want, got)
 			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	require.EqualValues(t, submitters*jobs, q.Stats().Handled)
 }
 

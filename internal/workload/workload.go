@@ -5,6 +5,7 @@ package workload
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -169,3 +170,18 @@ const SellN = `UPDATE products p SET stock = p.stock - least(old.stock, $2)
 	FROM (SELECT stock FROM products WHERE id = $1 FOR UPDATE) old
 	WHERE p.id = $1
 	RETURNING old.stock - p.stock`
+
+// Each runs fn(0) … fn(n-1) on n goroutines at once, waits for all of them,
+// and fails t with every error they returned.
+func Each(t testing.TB, n int, fn func(i int) error) {
+	t.Helper()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = fn(i) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/distlock"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/queue"
 	"github.com/contend/contend/queue/redisq"
 )
@@ -142,25 +143,16 @@ func TestOrderPerKeyAcrossInstances(t *testing.T) {
 		instance(t, client, prefix, redisq.Config{Handler: handler})
 	}
 	producer := instance(t, client, prefix, redisq.Config{})
-	var wg sync.WaitGroup
-	errs := make(chan error, producers)
-	for p := range producers {
-		wg.Go(func() {
-			for seq := range jobs {
-				for k := range keys {
-					if err := producer.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
-						errs <- err
-						return
-					}
+	workload.Each(t, producers, func(p int) error {
+		for seq := range jobs {
+			for k := range keys {
+				if err := producer.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
+					return err
 				}
 			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+		}
+		return nil
+	})
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
