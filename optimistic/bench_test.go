@@ -89,6 +89,24 @@ func run(b *testing.B, workers int, key func() string, op op, attempts *atomic.I
 	}
 }
 
+// rawRetry is the hand-written floors' retry: run attempt until it applies,
+// under benchRetry, counting every attempt.
+func rawRetry(ctx context.Context, attempts *atomic.Int64, attempt func() (bool, error)) error {
+	for n := 1; ; n++ {
+		attempts.Add(1)
+		applied, err := attempt()
+		if err != nil || applied {
+			return err
+		}
+		if n >= benchRetry.Attempts() {
+			return contend.ErrConflict
+		}
+		if err := benchRetry.Wait(ctx, n); err != nil {
+			return err
+		}
+	}
+}
+
 // BenchmarkUpdate adds 1 to an account's balance: Store.Update beside its
 // read and version-checked UPDATE written by hand.
 func BenchmarkUpdate(b *testing.B) {
@@ -99,36 +117,24 @@ func BenchmarkUpdate(b *testing.B) {
 				write = `UPDATE accounts SET owner = $3, balance = $4, version = version + 1 WHERE id = $1 AND version = $2`
 			)
 			return func(ctx context.Context, key string) error {
-				for attempt := 1; ; attempt++ {
-					attempts.Add(1)
-					applied, err := func() (bool, error) {
-						conn, err := db.Conn(ctx)
-						if err != nil {
-							return false, err
-						}
-						defer conn.Close()
-						var a account
-						if err := conn.QueryRowContext(ctx, read, key).Scan(&a.ID, &a.Owner, &a.Balance, &a.Version); err != nil {
-							return false, err
-						}
-						a.Balance++
-						res, err := conn.ExecContext(ctx, write, key, a.Version, a.Owner, a.Balance)
-						if err != nil {
-							return false, err
-						}
-						n, err := res.RowsAffected()
-						return n == 1, err
-					}()
-					if err != nil || applied {
-						return err
+				return rawRetry(ctx, attempts, func() (bool, error) {
+					conn, err := db.Conn(ctx)
+					if err != nil {
+						return false, err
 					}
-					if attempt >= benchRetry.Attempts() {
-						return contend.ErrConflict
+					defer conn.Close()
+					var a account
+					if err := conn.QueryRowContext(ctx, read, key).Scan(&a.ID, &a.Owner, &a.Balance, &a.Version); err != nil {
+						return false, err
 					}
-					if err := benchRetry.Wait(ctx, attempt); err != nil {
-						return err
+					a.Balance++
+					res, err := conn.ExecContext(ctx, write, key, a.Version, a.Owner, a.Balance)
+					if err != nil {
+						return false, err
 					}
-				}
+					n, err := res.RowsAffected()
+					return n == 1, err
+				})
 			}
 		}},
 		{"optimistic", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
@@ -168,44 +174,32 @@ func BenchmarkGuard(b *testing.B) {
 				bump        = `UPDATE accounts SET version = version + 1 WHERE id = $1 AND version = $2`
 			)
 			return func(ctx context.Context, key string) error {
-				for attempt := 1; ; attempt++ {
-					attempts.Add(1)
-					applied, err := func() (applied bool, err error) {
-						tx, err := db.BeginTx(ctx, nil)
-						if err != nil {
-							return false, err
+				return rawRetry(ctx, attempts, func() (applied bool, err error) {
+					tx, err := db.BeginTx(ctx, nil)
+					if err != nil {
+						return false, err
+					}
+					defer func() {
+						if !applied {
+							_ = tx.Rollback()
 						}
-						defer func() {
-							if !applied {
-								_ = tx.Rollback()
-							}
-						}()
-						var version int64
-						if err := tx.QueryRowContext(ctx, readVersion, key).Scan(&version); err != nil {
-							return false, err
-						}
-						if err := increment(ctx, tx, key); err != nil {
-							return false, err
-						}
-						res, err := tx.ExecContext(ctx, bump, key, version)
-						if err != nil {
-							return false, err
-						}
-						if n, err := res.RowsAffected(); err != nil || n == 0 {
-							return false, err
-						}
-						return true, tx.Commit()
 					}()
-					if err != nil || applied {
-						return err
+					var version int64
+					if err := tx.QueryRowContext(ctx, readVersion, key).Scan(&version); err != nil {
+						return false, err
 					}
-					if attempt >= benchRetry.Attempts() {
-						return contend.ErrConflict
+					if err := increment(ctx, tx, key); err != nil {
+						return false, err
 					}
-					if err := benchRetry.Wait(ctx, attempt); err != nil {
-						return err
+					res, err := tx.ExecContext(ctx, bump, key, version)
+					if err != nil {
+						return false, err
 					}
-				}
+					if n, err := res.RowsAffected(); err != nil || n == 0 {
+						return false, err
+					}
+					return true, tx.Commit()
+				})
 			}
 		}},
 		{"optimistic", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
