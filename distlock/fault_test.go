@@ -171,10 +171,7 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 	require.NoError(t, err)
 	w := obtainAsync(ctx, c, "warm", time.Second)
 	waitQueued(t, rdb, prefix, "warm", 1)
-	require.NoError(t, warm.Release(ctx))
-	got := receive(t, w, 5*time.Second)
-	require.NoError(t, got.err)
-	require.NoError(t, got.l.Release(ctx))
+	require.NoError(t, handOver(ctx, t, warm, w).Release(ctx))
 	withClient := goleak.IgnoreCurrent()
 
 	require.NoError(t, c.Do(ctx, "job", func(ctx context.Context) error {
@@ -189,10 +186,7 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 	_ = l.Hold(ctx)
 	w = obtainAsync(ctx, c, "job", time.Second)
 	waitQueued(t, rdb, prefix, "job", 1)
-	require.NoError(t, l.Release(ctx))
-	got = receive(t, w, 5*time.Second)
-	require.NoError(t, got.err)
-	require.NoError(t, got.l.Release(ctx))
+	require.NoError(t, handOver(ctx, t, l, w).Release(ctx))
 	goleak.VerifyNone(t, withClient)
 
 	require.NoError(t, c.Close(ctx))

@@ -80,6 +80,16 @@ func receive[T any](t testing.TB, ch <-chan T, within time.Duration) T {
 	}
 }
 
+// handOver releases holder and returns the lock it handed to the waiter
+// behind it, whose obtain reports on w.
+func handOver(ctx context.Context, t testing.TB, holder *distlock.Lock, w <-chan obtained) *distlock.Lock {
+	t.Helper()
+	require.NoError(t, holder.Release(ctx))
+	got := receive(t, w, 5*time.Second)
+	require.NoError(t, got.err)
+	return got.l
+}
+
 // faulty wraps a Redis client to inject faults: freeze stops every script
 // call from reaching Redis (a stalled process, a partition) until thaw, and
 // a non-empty deaf makes the client subscribe to a channel nobody publishes

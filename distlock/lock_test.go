@@ -97,10 +97,7 @@ func TestKeysShareAHashTag(t *testing.T) {
 			require.Positive(t, ttl, "%s must expire by itself", k)
 		}
 	}
-	require.NoError(t, holder.Release(ctx))
-	got := receive(t, waiter, 5*time.Second)
-	require.NoError(t, got.err)
-	require.NoError(t, got.l.Release(ctx))
+	require.NoError(t, handOver(ctx, t, holder, waiter).Release(ctx))
 }
 
 // The second seed's rule: the release of a lock whose lease ran out must not

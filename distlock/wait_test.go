@@ -71,23 +71,19 @@ func TestLocalGrantIsNotPublished(t *testing.T) {
 	remote := obtainAsync(ctx, other, "job", time.Minute)
 	waitQueued(t, rdb, prefix, "job", 2)
 
-	require.NoError(t, holder.Release(ctx))
-	got := receive(t, local, 5*time.Second)
-	require.NoError(t, got.err)
-	require.Greater(t, got.l.Fence(), holder.Fence())
+	mine := handOver(ctx, t, holder, local)
+	require.Greater(t, mine.Fence(), holder.Fence())
 	select {
 	case m := <-grants.Channel():
 		t.Fatalf("a grant to a waiter of the releasing client was published: %v", m)
 	case <-time.After(100 * time.Millisecond):
 	}
 
-	require.NoError(t, got.l.Release(ctx))
-	gotRemote := receive(t, remote, 5*time.Second)
-	require.NoError(t, gotRemote.err)
-	require.Greater(t, gotRemote.l.Fence(), got.l.Fence())
+	theirs := handOver(ctx, t, mine, remote)
+	require.Greater(t, theirs.Fence(), mine.Fence())
 	m := receive(t, grants.Channel(), 5*time.Second)
 	require.Contains(t, m.Payload, " ", "the other client's grant went out on its channel")
-	require.NoError(t, gotRemote.l.Release(ctx))
+	require.NoError(t, theirs.Release(ctx))
 }
 
 // A waiter whose ctx ends stops at once, with an error that says both "busy"
@@ -176,11 +172,9 @@ func TestLostGrantIsFoundByTheRecheck(t *testing.T) {
 	require.NoError(t, err)
 	w := obtainAsync(ctx, deaf, "job", time.Minute)
 	waitQueued(t, rdb, prefix, "job", 1)
-	require.NoError(t, holder.Release(ctx))
-	got := receive(t, w, 5*time.Second)
-	require.NoError(t, got.err)
-	require.Greater(t, got.l.Fence(), holder.Fence())
-	require.NoError(t, got.l.Release(ctx))
+	next := handOver(ctx, t, holder, w)
+	require.Greater(t, next.Fence(), holder.Fence())
+	require.NoError(t, next.Release(ctx))
 }
 
 // A waiter that cannot subscribe at all still gets the lock, polling with
@@ -195,10 +189,7 @@ func TestWaitsWithoutASubscription(t *testing.T) {
 	require.NoError(t, err)
 	w := obtainAsync(ctx, polling, "job", time.Minute)
 	waitQueued(t, rdb, prefix, "job", 1)
-	require.NoError(t, holder.Release(ctx))
-	got := receive(t, w, 5*time.Second)
-	require.NoError(t, got.err)
-	require.NoError(t, got.l.Release(ctx))
+	require.NoError(t, handOver(ctx, t, holder, w).Release(ctx))
 }
 
 // A grant to a waiter whose process died holds the key for the short grant
