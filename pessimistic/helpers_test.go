@@ -2,7 +2,6 @@ package pessimistic_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -39,22 +38,10 @@ func newLocker(t testing.TB, db contend.DBTX, cfg pessimistic.Config) *pessimist
 	return l
 }
 
-var errSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
-
-// sell is the read-check-write that needs the lock: read the stock, refuse
-// when none is left, write back the stock read minus one. Without a lock,
-// two sellers read the same stock and one sale is lost.
-func sell(ctx context.Context, q contend.DBTX, id string) error {
-	var stock int
-	if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, id).Scan(&stock); err != nil {
-		return err
-	}
-	if stock < 1 {
-		return errSoldOut
-	}
-	_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, id, stock-1)
-	return err
-}
+// sell is the read-check-write that needs the lock (workload.SellOn): read
+// the stock, refuse when none is left, write back the stock read minus one.
+// Without a lock, two sellers read the same stock and one sale is lost.
+var sell = workload.SellOn
 
 // hold locks id's row in a transaction of the test's own, as another
 // process would, and returns it with its backend's pid. The row stays locked

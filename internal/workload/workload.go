@@ -131,17 +131,21 @@ var ErrSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
 // sale is lost; it is correct only under a guard.
 func Sell(db contend.DBTX) func(ctx context.Context, key string) error {
 	return func(ctx context.Context, key string) error {
-		q := contend.Querier(ctx, db)
-		var n int64
-		if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, key).Scan(&n); err != nil {
-			return err
-		}
-		if n < 1 {
-			return ErrSoldOut
-		}
-		_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, key, n-1)
+		return SellOn(ctx, contend.Querier(ctx, db), key)
+	}
+}
+
+// SellOn is Sell's read-check-write on q itself, whatever ctx carries.
+func SellOn(ctx context.Context, q contend.DBTX, key string) error {
+	var n int64
+	if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, key).Scan(&n); err != nil {
 		return err
 	}
+	if n < 1 {
+		return ErrSoldOut
+	}
+	_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, key, n-1)
+	return err
 }
 
 // Guarded runs body for key under g: the one call site every guard shares.
