@@ -268,12 +268,14 @@ func New(cfg Config) (*Queue, error) {
 	return q, nil
 }
 
-// Partition returns the partition of key: FNV-1a 64 of the key's bytes,
-// modulo the number of partitions. The hash is stable across processes and
-// Go versions, so instances that agree on Partitions agree on the mapping.
-func (q *Queue) Partition(key string) int { return partition(key, len(q.parts)) }
+// Partition returns the partition of key: [PartitionOf] the queue's
+// partitions.
+func (q *Queue) Partition(key string) int { return PartitionOf(key, len(q.parts)) }
 
-func partition(key string, n int) int {
+// PartitionOf returns the partition of key among n: FNV-1a 64 of the key's
+// bytes, modulo n. The hash is stable across processes and Go versions, so
+// instances, and backends, that agree on n agree on the mapping.
+func PartitionOf(key string, n int) int {
 	const (
 		offset = 14695981039346656037
 		prime  = 1099511628211
@@ -407,7 +409,7 @@ func (q *Queue) put(ctx context.Context, it item) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	pt := &q.parts[partition(it.key, len(q.parts))]
+	pt := &q.parts[PartitionOf(it.key, len(q.parts))]
 	for {
 		room, err := pt.put(it, q.cfg.Buffer)
 		if room == nil {
@@ -606,7 +608,7 @@ func (q *Queue) runOne(ctx context.Context, pc *partitionCounters, it item) bool
 	job := Job{Key: it.key, Payload: it.payload, Attempt: 1}
 	// The first delivery runs outside the retry loop: most jobs succeed at
 	// once, and the loop's closure would cost an allocation per job.
-	value, err := callHandler(ctx, q.cfg.Handler, job)
+	value, err := q.cfg.Handler.Call(ctx, job)
 	if err != nil {
 		value, err = q.redeliver(ctx, pc, job, err)
 	}
@@ -631,7 +633,7 @@ func (q *Queue) redeliver(ctx context.Context, pc *partitionCounters, job Job, e
 		job.Attempt++
 		pc.redeliveries.Add(1)
 		var err error
-		if value, err = callHandler(ctx, q.cfg.Handler, job); err != nil {
+		if value, err = q.cfg.Handler.Call(ctx, job); err != nil {
 			q.failed(job, err)
 		}
 		return err
@@ -656,7 +658,7 @@ func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []ite
 			}
 		}
 		var err error
-		if results, err = callBatch(ctx, q.cfg.BatchHandler, jobs); err != nil {
+		if results, err = q.cfg.BatchHandler.Call(ctx, jobs); err != nil {
 			for _, j := range jobs {
 				q.failed(j, err)
 			}
@@ -700,14 +702,18 @@ func (q *Queue) failed(job Job, err error) {
 	}
 }
 
-func callHandler(ctx context.Context, h Handler, job Job) (value []byte, err error) {
+// Call runs h on job. A panic in h comes back as an error matching
+// [ErrPanic], with the stack, so that one bad job cannot crash the process.
+func (h Handler) Call(ctx context.Context, job Job) (value []byte, err error) {
 	defer recoverAsError(&err)
 	return h(ctx, job)
 }
 
-func callBatch(ctx context.Context, h BatchHandler, jobs []Job) (results []Result, err error) {
+// Call runs h on a copy of jobs (h may keep or change its slice) and checks
+// that it returned one Result per job. A panic in h comes back as an error
+// matching [ErrPanic], with the stack.
+func (h BatchHandler) Call(ctx context.Context, jobs []Job) (results []Result, err error) {
 	defer recoverAsError(&err)
-	// The handler gets its own copy: it may keep or change the slice.
 	results, err = h(ctx, append([]Job(nil), jobs...))
 	if err == nil && len(results) != len(jobs) {
 		err = fmt.Errorf("queue: batch handler returned %d results for %d jobs", len(results), len(jobs))

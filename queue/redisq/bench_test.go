@@ -3,6 +3,7 @@ package redisq_test
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -129,9 +130,7 @@ func waitAll(b *testing.B, handled, target *atomic.Int64, all chan struct{}) {
 }
 
 func fnv1a(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for _, c := range []byte(s) {
-		h = (h ^ uint64(c)) * 1099511628211
-	}
-	return h
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
 }

@@ -191,15 +191,7 @@ func (q *Queue) DeadLetters(p int) string { return q.stream(p) + ":dead" }
 
 // Partition returns key's partition: the same FNV-1a 64 mapping as package
 // queue.
-func (q *Queue) Partition(key string) int { return partition(key, q.cfg.Partitions) }
-
-func partition(key string, n int) int {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(key); i++ {
-		h = (h ^ uint64(key[i])) * 1099511628211
-	}
-	return int(h % uint64(n))
-}
+func (q *Queue) Partition(key string) int { return queue.PartitionOf(key, q.cfg.Partitions) }
 
 // Enqueue adds a job for key to its partition's stream and returns once Redis
 // has it.
@@ -653,14 +645,14 @@ func (q *Queue) handle(ctx context.Context, pc *counters, ds []delivery) ([]queu
 	pc.inFlight.Add(int64(len(ds)))
 	defer pc.inFlight.Add(-int64(len(ds)))
 	if q.cfg.BatchHandler == nil {
-		value, err := callHandler(ctx, q.cfg.Handler, ds[0].job)
+		value, err := q.cfg.Handler.Call(ctx, ds[0].job)
 		return []queue.Result{{Value: value}}, err
 	}
 	jobs := make([]queue.Job, len(ds))
 	for i, d := range ds {
 		jobs[i] = d.job
 	}
-	return callBatch(ctx, q.cfg.BatchHandler, jobs)
+	return q.cfg.BatchHandler.Call(ctx, jobs)
 }
 
 // again waits before the next delivery of ds and counts it in the stream
@@ -732,24 +724,4 @@ func toJob(m redis.XMessage, attempt int) queue.Job {
 	key, _ := m.Values["key"].(string)
 	payload, _ := m.Values["payload"].(string)
 	return queue.Job{Key: key, Payload: []byte(payload), Attempt: attempt}
-}
-
-func callHandler(ctx context.Context, h queue.Handler, job queue.Job) (value []byte, err error) {
-	defer recoverAsError(&err)
-	return h(ctx, job)
-}
-
-func callBatch(ctx context.Context, h queue.BatchHandler, jobs []queue.Job) (results []queue.Result, err error) {
-	defer recoverAsError(&err)
-	results, err = h(ctx, append([]queue.Job(nil), jobs...))
-	if err == nil && len(results) != len(jobs) {
-		err = fmt.Errorf("redisq: batch handler returned %d results for %d jobs", len(results), len(jobs))
-	}
-	return results, err
-}
-
-func recoverAsError(err *error) {
-	if r := recover(); r != nil {
-		*err = fmt.Errorf("%w: %v", queue.ErrPanic, r)
-	}
 }
