@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -173,12 +174,14 @@ type Client struct {
 	cfg     Config
 	channel string // where releases send this client's grants
 
-	mu      sync.Mutex              // protects the fields below
-	waiters map[string]chan<- grant // token → its waiter's wake-up
-	busy    map[string]struct{}     // keys whose last wait here queued: skip take
-	sub     *subscriber             // nil until the first wait
-	closed  atomic.Bool             // set under mu; read without it on every obtain
-	closing chan struct{}           // closed by Close
+	local [localShards]keyShard // what this client knows of its keys: see local.go
+	seed  maphash.Seed
+
+	mu      sync.Mutex         // protects the fields below
+	waiters map[string]*waiter // by token
+	sub     *subscriber        // nil until the first wait
+	closed  atomic.Bool        // set under mu; read without it on every obtain
+	closing chan struct{}      // closed by Close
 }
 
 var _ contend.Guard = (*Client)(nil)
@@ -198,8 +201,8 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 		rdb:     rdb,
 		cfg:     cfg,
 		channel: cfg.Prefix + "grants:" + token.New(),
-		waiters: map[string]chan<- grant{},
-		busy:    map[string]struct{}{},
+		seed:    maphash.MakeSeed(),
+		waiters: map[string]*waiter{},
 		closing: make(chan struct{}),
 	}, nil
 }
@@ -295,32 +298,6 @@ func (c *Client) observe(e Event) {
 	}
 }
 
-// maxBusy bounds the keys a client remembers as busy; past it, it forgets
-// them all, and they are learnt again.
-const maxBusy = 1024
-
-func (c *Client) isBusy(key string) bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	_, ok := c.busy[key]
-	return ok
-}
-
-// setBusy records whether a waiter for key had to queue: a key that did not
-// is free again, and the next obtain tries the MULTI first.
-func (c *Client) setBusy(key string, busy bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !busy {
-		delete(c.busy, key)
-		return
-	}
-	if len(c.busy) >= maxBusy {
-		clear(c.busy)
-	}
-	c.busy[key] = struct{}{}
-}
-
 func (c *Client) isClosed() bool { return c.closed.Load() }
 
 func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
@@ -339,25 +316,33 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	}
 	keys := c.keys(key)
 	tok := token.New()
-	// A key that made this client's last waiter queue is likely held still:
-	// the waiter goes straight to the queue, without a MULTI bound to fail.
-	if wait && c.isBusy(key) {
-		return c.wait(ctx, key, keys, tok, ttl)
+	if wait {
+		// Behind a lock of this client's own, the waiter is queued by its
+		// release; on a key that made this client's last waiter queue, it
+		// goes straight to the queue, without a take bound to fail.
+		w, busy, err := c.enter(key, tok, ttl)
+		if err != nil {
+			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+		}
+		if w != nil || busy {
+			return c.wait(ctx, key, keys, tok, ttl, w)
+		}
 	}
 	l, err := c.take(ctx, key, keys, tok, ttl)
 	if l == nil && err == nil && wait {
-		return c.wait(ctx, key, keys, tok, ttl)
+		return c.wait(ctx, key, keys, tok, ttl, nil)
 	}
 	switch {
 	case err != nil:
 		// The script may have run and only the reply been lost: let go of
 		// whatever it may have taken rather than leave it for the TTL.
-		c.leave(ctx, keys, tok)
+		c.leave(ctx, key, keys, tok)
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	case l == nil:
 		c.observe(Event{Kind: EventBusy, Key: key})
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
 	}
+	c.held(key, tok, l.valid)
 	c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence})
 	return l, nil
 }
@@ -402,7 +387,7 @@ func (c *Client) attempt(ctx context.Context, key string, keys []string, tok str
 	}
 	res, err := acquireScript.Run(ctx, c.rdb, keys,
 		tok, ttl.Milliseconds(), mode, c.channel,
-		(3 * c.cfg.Recheck).Milliseconds(), c.grantLease(ttl).Milliseconds(), seq,
+		c.waiterLease().Milliseconds(), c.grantLease(ttl).Milliseconds(), seq,
 	).Int64Slice()
 	if err != nil {
 		return nil, err
@@ -419,17 +404,35 @@ func (c *Client) attempt(ctx context.Context, key string, keys []string, tok str
 // grantLease is the lease of a lock handed to a waiter for ttl.
 func (c *Client) grantLease(ttl time.Duration) time.Duration { return min(c.cfg.GrantLease, ttl) }
 
-// wait obtains the lock as a queued waiter. The waiter is registered for its
-// grant before the attempt that queues it is sent, because the grant can
-// arrive before that attempt's reply.
-func (c *Client) wait(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (l *Lock, err error) {
+// wait obtains the lock as a queued waiter. A deferred waiter (w non-nil)
+// is queued by the release of the lock it waits behind; any other is
+// registered for its grant before the attempt that queues it is sent,
+// because the grant can arrive before that attempt's reply.
+func (c *Client) wait(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, w *waiter) (l *Lock, err error) {
 	began := time.Now()
-	wake := make(chan grant, 1)
-	s, err := c.register(tok, wake)
-	if err != nil {
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+	deferred := w != nil
+	if !deferred {
+		w = newWaiter(tok, ttl)
+		if err := c.register(w); err != nil {
+			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+		}
 	}
 	defer c.unregister(tok)
+	// queued: tok may be in Redis's queue or hold a grant, which leaving
+	// must clean up, even though ctx may have ended: that may be why.
+	queued := false
+	defer func() {
+		if l != nil {
+			return
+		}
+		if deferred && c.undefer(key, w) {
+			queued = true
+		}
+		if queued {
+			c.leave(ctx, key, keys, tok)
+		}
+	}()
+	s := c.subscriber()
 	// A grant published before the subscription is confirmed would be lost:
 	// the first waiters of a client wait for it, briefly. While the
 	// subscription is down, waiters check on their own.
@@ -442,55 +445,49 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		}
 		t.Stop()
 	}
-	sent := false
-	defer func() {
-		if l == nil && sent {
-			// Leave the queue, and pass on a grant that arrived meanwhile,
-			// even though ctx may have ended: that is why we are leaving.
-			c.leave(ctx, keys, tok)
-		}
-	}()
+	giveUpBy := began.Add(c.cfg.MaxWait)
 	var giveUp error
 	for seq := int64(1); ; seq++ {
 		if giveUp = ctxErr(ctx); giveUp != nil {
 			break
 		}
-		sent = true
 		sentAt := time.Now()
-		l, err := c.attempt(ctx, key, keys, tok, ttl, seq)
-		if err != nil {
-			if giveUp = ctxErr(ctx); giveUp != nil {
-				break
+		if !deferred {
+			queued = true
+			l, err := c.attempt(ctx, key, keys, tok, ttl, seq)
+			if err != nil {
+				if giveUp = ctxErr(ctx); giveUp != nil {
+					break
+				}
+				return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 			}
-			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
-		}
-		if l != nil {
-			if seq == 1 {
-				c.setBusy(key, false)
+			if l != nil {
+				if seq == 1 {
+					c.setBusy(key, false)
+				}
+				c.held(key, tok, l.valid)
+				c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
+				return l, nil
 			}
-			c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
-			return l, nil
+			c.queuedHere(key, tok)
 		}
-		if seq == 1 {
-			c.setBusy(key, true)
-			// Only now: most obtains never wait, and need no timer.
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeoutCause(ctx, c.cfg.MaxWait-time.Since(began), errMaxWait)
-			defer cancel()
-		}
-		// Queued: wait to be woken by a grant, or check again after a while
-		// in case the grant's message was lost or the holder died. The
-		// jitter keeps many waiters' checks from arriving together.
+		// Queued (or deferred): wait to be woken by a grant, or check again
+		// after a while in case the grant's message was lost or the holder
+		// died. The jitter keeps many waiters' checks from arriving together.
 		delay := c.cfg.Recheck*4/5 + rand.N(c.cfg.Recheck*2/5+1)
 		if !s.healthy.Load() {
 			delay = max(c.cfg.Backoff.Delay(int(seq)), time.Millisecond)
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(min(delay, time.Until(giveUpBy)))
 		var g grant
 		select {
-		case g = <-wake:
+		case g = <-w.wake:
 		case <-t.C:
+			if !time.Now().Before(giveUpBy) {
+				giveUp = errMaxWait
+			}
 		case <-ctx.Done():
+			giveUp = ctxErr(ctx)
 		case <-c.closing:
 			giveUp = ErrClosed
 		}
@@ -498,20 +495,17 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		if giveUp != nil {
 			break
 		}
-		// A grant made after this attempt (it carries its seq) began no
-		// earlier than the attempt did, so its lease lasts at least until
-		// sentAt plus the grant lease: the waiter holds the lock without
-		// another round trip, and extends it to its TTL beside its work.
-		// Too little of that left, or an older grant's message, and the next
-		// attempt accepts (or finds a lapsed grant) the slow way.
 		if g.seq == seq {
-			lease := c.grantLease(ttl)
-			if valid := sentAt.Add(lease); time.Until(valid) >= lease/2 {
-				l := newLock(c, key, keys, tok, g.fence, ttl, valid)
-				l.accept(valid)
+			if l := c.accepted(key, keys, tok, ttl, g, sentAt); l != nil {
 				c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
 				return l, nil
 			}
+		}
+		if deferred {
+			// From now on, a waiter like any other: its next attempt
+			// queues it, if the release it waited for has not.
+			deferred = false
+			queued = c.undefer(key, w)
 		}
 	}
 	c.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: giveUp})
@@ -522,15 +516,40 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, giveUp)
 }
 
+// accepted returns the lock that grant g, made after the waiter's attempt
+// sent at sentAt, hands to tok, or nil if the waiter must check with Redis.
+//
+// A grant from a release of this client's (local) is the full TTL, set by a
+// release that began at g.at: the lock is valid from then, and held here
+// already. Another process's grant is the short grant lease: it began no
+// earlier than the attempt did, so it lasts at least until sentAt plus the
+// lease, and the waiter holds the lock without another round trip and
+// extends it to its TTL beside its work. Too little of that left, and the
+// next attempt accepts (or finds a lapsed grant) the slow way.
+func (c *Client) accepted(key string, keys []string, tok string, ttl time.Duration, g grant, sentAt time.Time) *Lock {
+	if g.local {
+		return newLock(c, key, keys, tok, g.fence, ttl, g.at.Add(ttl))
+	}
+	lease := c.grantLease(ttl)
+	valid := sentAt.Add(lease)
+	if time.Until(valid) < lease/2 {
+		return nil
+	}
+	l := newLock(c, key, keys, tok, g.fence, ttl, valid)
+	l.accept(valid)
+	c.held(key, tok, valid)
+	return l
+}
+
 // leave removes tok from key's queue and releases the lock if tok holds it,
 // handing it to the next waiter: for a waiter that gives up, and for an
 // attempt whose reply was lost. It runs even when ctx has ended; failures
 // are left to the leases (the queue entry and the grant expire by
 // themselves).
-func (c *Client) leave(ctx context.Context, keys []string, tok string) {
+func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	_, _ = c.runRelease(ctx, keys, tok, "1")
+	_, _ = c.runRelease(ctx, key, keys, tok, "1")
 }
 
 // refresh, release and pttl make the Client a lockOwner.
@@ -544,34 +563,74 @@ func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 // while nobody waited most often finds nobody waiting still: a
 // compare-and-delete that also checks the queue frees it, at little more
 // than a bare release costs Redis, and only when waiters came meanwhile
-// does the release script run, to hand it over.
+// (in Redis, or deferred behind l here) does the release script run, to
+// hand over.
 func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
-	if l.taken {
+	if l.taken && !c.hasDeferred(l.key, l.token) {
 		n, err := freeScript.Run(ctx, c.rdb, []string{l.keys[0], l.keys[2]}, l.token).Int64()
 		if err != nil || n != -1 {
+			c.released(l.key, l.token, nil, "", time.Time{})
 			return n == 1, err
 		}
 	}
-	return c.runRelease(ctx, l.keys, l.token, "0")
+	return c.runRelease(ctx, l.key, l.keys, l.token, "0")
 }
 
-// runRelease runs the release script for tok and reports whether tok held
-// the lock. A lock it hands to a waiter of this client comes back as the
-// grant message, without a publish: the release wakes the waiter itself.
-func (c *Client) runRelease(ctx context.Context, keys []string, tok, givingUp string) (bool, error) {
-	res, err := releaseScript.Run(ctx, c.rdb, keys, tok, givingUp, c.channel).Result()
+// runRelease runs the release script for tok, the holder or a waiter
+// giving up, and reports whether tok held the lock. The first waiter
+// deferred behind tok here goes along: if the lock goes to another
+// process's waiter, it is queued in Redis, and the other waiters here defer
+// behind it; if it goes to a waiter of this client (the oldest in Redis's
+// queue, or the one taken along when nobody is queued there), they all
+// defer behind that one. A lock handed to a waiter of this client comes
+// back as the grant message, without a publish: the release wakes the
+// waiter itself.
+func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok, givingUp string) (bool, error) {
+	first := c.releasing(key, tok)
+	args := []any{tok, givingUp, c.channel, c.waiterLease().Milliseconds()}
+	if first != nil {
+		args = append(args, first.tok, c.grantLease(first.ttl).Milliseconds(), first.ttl.Milliseconds())
+	}
+	began := time.Now()
+	res, err := releaseScript.Run(ctx, c.rdb, keys, args...).Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
+	}
 	if err != nil {
+		// Whether it ran is unknown: the waiters here check by themselves.
+		c.released(key, tok, nil, "", time.Time{})
+		if first != nil {
+			wake(first, grant{})
+		}
 		return false, err
 	}
-	switch r := res.(type) {
-	case int64:
-		return r != 0, nil
-	case string:
-		c.wake(r)
-		return true, nil
+	held, _ := res[0].(int64)
+	msg, _ := res[1].(string)
+	if msg == "" {
+		c.released(key, tok, first, "", time.Time{})
+		return held == 1, nil
 	}
-	return false, fmt.Errorf("distlock: unexpected reply %v from the release script", res)
+	// Handed to a waiter here: it holds the lock for its TTL from began.
+	next, g := parseGrant(msg)
+	w := c.waiter(next)
+	until := began
+	if w != nil {
+		until = began.Add(w.ttl)
+	}
+	c.released(key, tok, first, next, until)
+	if w == nil {
+		// It has given up meanwhile: pass the lock on.
+		c.leave(ctx, key, keys, next)
+	} else if g.fence > 0 {
+		g.local, g.at = true, began
+		wake(w, g)
+	}
+	return held == 1, nil
 }
+
+// waiterLease is how long a waiter's place in a queue lasts without being
+// renewed: three rechecks.
+func (c *Client) waiterLease() time.Duration { return 3 * c.cfg.Recheck }
 
 func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
 	n, err := pttlScript.Run(ctx, c.rdb, l.keys[:1], l.token).Int64()

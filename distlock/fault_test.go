@@ -120,9 +120,10 @@ func TestSubscriptionSurvivesARestart(t *testing.T) {
 	srv := testserver.OwnRedis(t)
 	rdb := srv.Client(t)
 	c := newClient(t, rdb, distlock.Config{Recheck: time.Minute})
+	other := newClient(t, rdb, distlock.Config{Recheck: time.Minute})
 	ctx := t.Context()
 	handOver := func() {
-		holder, err := c.TryObtain(ctx, "job", time.Minute)
+		holder, err := other.TryObtain(ctx, "job", time.Minute)
 		require.NoError(t, err)
 		w := obtainAsync(ctx, c, "job", time.Minute)
 		waitQueued(t, rdb, "distlock:", "job", 1)
@@ -135,7 +136,7 @@ func TestSubscriptionSurvivesARestart(t *testing.T) {
 	require.NoError(t, srv.Restart())
 	require.Eventually(t, func() bool {
 		chans, err := rdb.PubSubChannels(ctx, "distlock:grants:*").Result()
-		return err == nil && len(chans) == 1
+		return err == nil && len(chans) == 1 // only the waiters' client subscribes
 	}, 10*time.Second, 10*time.Millisecond, "the subscription did not come back")
 	handOver()
 }

@@ -29,17 +29,23 @@ type subscriber struct {
 }
 
 // A grant is what wakes a waiter: the lock was handed to it after its
-// attempt number seq, with fencing token fence. The zero grant only asks the
-// waiter to check.
-type grant struct{ seq, fence int64 }
+// attempt number seq, with fencing token fence. A local grant, from a
+// release of the waiter's own client, is for the waiter's full TTL, set by a
+// release that began at at; any other is for the grant lease. The zero
+// grant only asks the waiter to check.
+type grant struct {
+	seq, fence int64
+	local      bool
+	at         time.Time
+}
 
-// register records the waiter for tok and returns the subscriber, starting
-// it if this is the client's first wait.
-func (c *Client) register(tok string, wake chan<- grant) (*subscriber, error) {
+// register records w for its grants, starting the subscriber if this is
+// the client's first wait.
+func (c *Client) register(w *waiter) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed.Load() {
-		return nil, ErrClosed
+		return ErrClosed
 	}
 	if c.sub == nil {
 		c.sub = &subscriber{
@@ -49,8 +55,15 @@ func (c *Client) register(tok string, wake chan<- grant) (*subscriber, error) {
 		}
 		go c.listen(c.sub)
 	}
-	c.waiters[tok] = wake
-	return c.sub, nil
+	c.waiters[w.tok] = w
+	return nil
+}
+
+// subscriber returns the subscriber, which a registered waiter has started.
+func (c *Client) subscriber() *subscriber {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sub
 }
 
 func (c *Client) unregister(tok string) {
@@ -59,26 +72,41 @@ func (c *Client) unregister(tok string) {
 	delete(c.waiters, tok)
 }
 
-// wake wakes the waiter that a grant message names, if it is still
-// waiting. A grant for a waiter that has just given up is not lost: that
-// waiter's leave finds the lock granted to it and passes it on.
-func (c *Client) wake(msg string) {
-	var g grant
+// parseGrant reads a grant message: the waiter's token, the seq of its
+// attempt and the fencing token. A malformed one only asks the waiter to
+// check.
+func parseGrant(msg string) (tok string, g grant) {
 	tok, rest, _ := strings.Cut(msg, " ")
 	seq, fence, _ := strings.Cut(rest, " ")
 	g.seq, _ = strconv.ParseInt(seq, 10, 64)
 	g.fence, _ = strconv.ParseInt(fence, 10, 64)
 	if g.fence <= 0 {
-		g = grant{} // not a well-formed grant: only check
+		g = grant{}
 	}
+	return tok, g
+}
+
+// waiter returns the waiter of tok, or nil if it is no longer waiting.
+func (c *Client) waiter(tok string) *waiter {
 	c.mu.Lock()
-	ch := c.waiters[tok]
-	c.mu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- g:
-		default: // already woken; the waiter checks anyway
-		}
+	defer c.mu.Unlock()
+	return c.waiters[tok]
+}
+
+// wake wakes w with g. A grant for a waiter that has just given up is not
+// lost: that waiter's leave finds the lock granted to it and passes it on.
+func wake(w *waiter, g grant) {
+	select {
+	case w.wake <- g:
+	default: // already woken; the waiter checks anyway
+	}
+}
+
+// wakePublished wakes the waiter that a published grant message names.
+func (c *Client) wakePublished(msg string) {
+	tok, g := parseGrant(msg)
+	if w := c.waiter(tok); w != nil {
+		wake(w, g)
 	}
 }
 
@@ -87,11 +115,8 @@ func (c *Client) wake(msg string) {
 func (c *Client) wakeAll() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, ch := range c.waiters {
-		select {
-		case ch <- grant{}:
-		default:
-		}
+	for _, w := range c.waiters {
+		wake(w, grant{})
 	}
 }
 
@@ -189,7 +214,7 @@ func (c *Client) listen(s *subscriber) {
 				c.wakeAll()
 			}
 		case *redis.Message:
-			c.wake(m.Payload)
+			c.wakePublished(m.Payload)
 		}
 	}
 }

@@ -16,20 +16,35 @@ import (
 )
 
 // Waiters are served in the order they arrived, each handed the lock by the
-// release before it, with a larger fencing token each time.
+// release before it, with a larger fencing token each time: clients
+// (processes) in the order they queued in Redis, and a client's own waiters,
+// who wait behind the one it queued, in the order they came.
 func TestWaitersAreServedInOrder(t *testing.T) {
 	t.Parallel()
 	// A long recheck: the hand-overs below must come from the releases, not
 	// from the waiters checking by themselves.
-	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
+	cfg := distlock.Config{Recheck: time.Minute}
+	c, rdb, prefix := setup(t, cfg)
+	cfg.Prefix = prefix
+	holding := newClient(t, rdb, cfg)
 	ctx := t.Context()
-	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	holder, err := holding.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
 	var waiters []<-chan obtained
 	for i := range 3 {
-		waiters = append(waiters, obtainAsync(ctx, c, "job", time.Minute))
+		waiters = append(waiters, obtainAsync(ctx, newClient(t, rdb, cfg), "job", time.Minute))
 		waitQueued(t, rdb, prefix, "job", int64(i+1))
 	}
+	for i := range 3 {
+		waiters = append(waiters, obtainAsync(ctx, c, "job", time.Minute))
+		if i == 0 {
+			waitQueued(t, rdb, prefix, "job", 4)
+		} else {
+			require.Eventually(t, func() bool { return distlock.Deferred(c, "job") == i },
+				5*time.Second, time.Millisecond, "waiting for %d deferred waiters", i)
+		}
+	}
+	require.Equal(t, int64(4), queued(t, rdb, prefix, "job"), "a client queues one waiter of a key at a time")
 	_, err = c.TryObtain(ctx, "job", time.Minute)
 	require.ErrorIs(t, err, contend.ErrConflict, "a newcomer does not jump the queue")
 
@@ -39,7 +54,10 @@ func TestWaitersAreServedInOrder(t *testing.T) {
 		got := receive(t, w, 5*time.Second)
 		require.NoError(t, got.err, "waiter %d", i)
 		require.Greater(t, got.l.Fence(), last.Fence(), "waiter %d", i)
-		require.Equal(t, int64(len(waiters)-i-1), queued(t, rdb, prefix, "job"), "waiter %d came out of turn", i)
+		require.Equal(t, int64(max(3-i, 0)), queued(t, rdb, prefix, "job"), "waiter %d came out of turn", i)
+		// A grant from another client is for the grant lease, which the
+		// waiter extends; one from the waiter's own client is for its TTL
+		// at once.
 		require.Eventually(t, func() bool {
 			left, err := got.l.TTL(ctx)
 			return err == nil && left > 50*time.Second
@@ -67,10 +85,8 @@ func TestLocalGrantIsNotPublished(t *testing.T) {
 	holder, err := c.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
 	local := obtainAsync(ctx, c, "job", time.Minute)
-	waitQueued(t, rdb, prefix, "job", 1)
-	remote := obtainAsync(ctx, other, "job", time.Minute)
-	waitQueued(t, rdb, prefix, "job", 2)
-
+	require.Eventually(t, func() bool { return distlock.Deferred(c, "job") == 1 },
+		5*time.Second, time.Millisecond, "the waiter did not defer behind its client's lock")
 	mine := handOver(ctx, t, holder, local)
 	require.Greater(t, mine.Fence(), holder.Fence())
 	select {
@@ -79,11 +95,59 @@ func TestLocalGrantIsNotPublished(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 
+	remote := obtainAsync(ctx, other, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
 	theirs := handOver(ctx, t, mine, remote)
 	require.Greater(t, theirs.Fence(), mine.Fence())
 	m := receive(t, grants.Channel(), 5*time.Second)
 	require.Contains(t, m.Payload, " ", "the other client's grant went out on its channel")
 	require.NoError(t, theirs.Release(ctx))
+}
+
+// A waiter whose own client holds the key does not queue by itself: the
+// holder's release queues it, behind every waiter already in line, and a
+// process cannot pass a key among its own goroutines ahead of others.
+func TestWaiterBehindItsOwnClientIsQueuedByTheRelease(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	local := obtainAsync(ctx, c, "job", time.Minute)
+	gaveUp, giveUp := context.WithCancel(ctx)
+	leaving := obtainAsync(gaveUp, c, "job", time.Minute)
+	require.Eventually(t, func() bool { return distlock.Deferred(c, "job") == 2 },
+		5*time.Second, time.Millisecond, "the waiters did not defer behind their client's lock")
+	require.Zero(t, queued(t, rdb, prefix, "job"), "a waiter behind its own client's lock queued by itself")
+	giveUp()
+	require.ErrorIs(t, receive(t, leaving, 5*time.Second).err, context.Canceled)
+	remote := obtainAsync(ctx, other, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+
+	theirs := handOver(ctx, t, holder, remote)
+	require.Greater(t, theirs.Fence(), holder.Fence())
+	require.Equal(t, int64(1), queued(t, rdb, prefix, "job"), "the release queued the local waiter, and only the one still waiting")
+	mine := handOver(ctx, t, theirs, local)
+	require.Greater(t, mine.Fence(), theirs.Fence())
+	require.Zero(t, queued(t, rdb, prefix, "job"))
+	require.NoError(t, mine.Release(ctx))
+	require.Zero(t, rdb.Exists(ctx, lockKey(prefix, "job")).Val())
+}
+
+// A waiter deferred behind a lock of its own client that is never released
+// checks by itself, queues, and gets the key when the lease runs out.
+func TestDeferredWaiterChecksByItself(t *testing.T) {
+	t.Parallel()
+	c, _, _ := setup(t, distlock.Config{Recheck: 20 * time.Millisecond})
+	ctx := t.Context()
+	forgotten, err := c.TryObtain(ctx, "job", 200*time.Millisecond)
+	require.NoError(t, err)
+	l, err := c.Obtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	require.Greater(t, l.Fence(), forgotten.Fence())
+	require.NoError(t, l.Release(ctx))
+	require.ErrorIs(t, forgotten.Release(ctx), contend.ErrLockLost)
 }
 
 // A waiter whose ctx ends stops at once, with an error that says both "busy"
@@ -92,7 +156,8 @@ func TestLocalGrantIsNotPublished(t *testing.T) {
 func TestCancelledWaitReturnsPromptly(t *testing.T) {
 	t.Parallel()
 	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
-	holder, err := c.TryObtain(t.Context(), "job", time.Minute)
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
+	holder, err := other.TryObtain(t.Context(), "job", time.Minute)
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithCancel(t.Context())
@@ -139,8 +204,9 @@ func TestGivingUpPassesOnAGrant(t *testing.T) {
 	// but unaware until it gives up.
 	unaware := newClient(t, &faulty{UniversalClient: rdb, deaf: prefix + "nowhere"},
 		distlock.Config{Prefix: prefix, Recheck: time.Minute, GrantLease: time.Minute})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
 	ctx := t.Context()
-	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	holder, err := other.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
 	first, cancelFirst := context.WithCancel(ctx)
 	defer cancelFirst()

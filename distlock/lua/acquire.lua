@@ -28,7 +28,7 @@ if not cur then
 end
 if ARGV[3] == '1' then
   local lease = tonumber(ARGV[5])
-  local entry = string.format('%.0f', now_ms() + lease) .. ' ' .. ARGV[6] .. ' ' .. ARGV[7] .. ' ' .. ARGV[4]
+  local entry = waiter_entry(now_ms() + lease, ARGV[6], ttl, ARGV[7], ARGV[4])
   -- A new field is a new waiter; an existing one only renews its place.
   if redis.call('HSET', KEYS[4], token, entry) == 1 then
     redis.call('RPUSH', KEYS[3], token)

@@ -4,8 +4,8 @@
 --   KEYS[1] the lock: the holder's token, with the lease as its expiry
 --   KEYS[2] the fencing counter: never expires, only ever increases
 --   KEYS[3] the queue: a list of waiting tokens, oldest first
---   KEYS[4] the waiters: a hash token -> "deadline_ms grant_ms seq channel",
---           seq numbering the waiter's attempts
+--   KEYS[4] the waiters: a hash token -> "deadline_ms grant_ms ttl_ms seq
+--           channel", seq numbering the waiter's attempts
 -- Times come from the server's clock only, never from a client's.
 
 -- TIME is non-deterministic; scripts that write after it need effects
@@ -38,17 +38,26 @@ local function next_fence()
   return f
 end
 
+-- waiter_entry is a waiter's value in KEYS[4]. A deadline in milliseconds
+-- prints in full with Lua's %.14g until the year 5138.
+local function waiter_entry(deadline, grant_ms, ttl_ms, seq, channel)
+  return deadline .. ' ' .. grant_ms .. ' ' .. ttl_ms .. ' ' .. seq .. ' ' .. channel
+end
+
 -- grant_next pops waiters, oldest first, skipping those whose process has
 -- stopped renewing its place, until it finds a live one. If that one is self,
 -- it returns 'self' and the caller takes the lock; otherwise it hands the
--- lock to that waiter's token, for the short grant lease the waiter asked
--- for and extends when it accepts (so a waiter whose process died holds the
--- key only briefly), and tells the waiter's process: the token, the seq of
--- the waiter's latest attempt (so it knows the grant came after that
--- attempt) and the fencing token. It tells it on the waiter's channel, or,
--- when that is local (the caller's own process's), in its return value:
--- the caller wakes the waiter itself, a hop sooner. It returns false when
--- nobody is waiting, 'granted' when it published.
+-- lock to that waiter's token and tells the waiter's process: the token,
+-- the seq of the waiter's latest attempt (so it knows the grant came after
+-- that attempt) and the fencing token.
+--
+-- When the waiter's channel is local_channel (the caller's own process's),
+-- the message is the return value: the caller wakes the waiter itself, a
+-- hop sooner, and the lock is the waiter's for its full TTL, since the
+-- process that receives the reply is alive. Any other waiter is published
+-- to, and gets the short grant lease it asked for, which it extends when it
+-- accepts: a waiter whose process died holds the key only briefly. It
+-- returns false when nobody is waiting, 'granted' when it published.
 local function grant_next(self, local_channel)
   local now
   while true do
@@ -57,14 +66,17 @@ local function grant_next(self, local_channel)
     local w = redis.call('HGET', KEYS[4], t)
     if w then
       redis.call('HDEL', KEYS[4], t)
-      local deadline, grant_ms, seq, channel = string.match(w, '^(%d+) (%d+) (%d+) (.*)$')
+      local deadline, grant_ms, ttl_ms, seq, channel = string.match(w, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
       now = now or now_ms()
       if tonumber(deadline) >= now then
         if t == self then return 'self' end
+        local msg = t .. ' ' .. seq .. ' '
+        if channel == local_channel then
+          redis.call('SET', KEYS[1], t, 'PX', ttl_ms)
+          return msg .. string.format('%.0f', next_fence())
+        end
         redis.call('SET', KEYS[1], t, 'PX', grant_ms)
-        local msg = t .. ' ' .. seq .. ' ' .. string.format('%.0f', next_fence())
-        if channel == local_channel then return msg end
-        redis.call('PUBLISH', channel, msg)
+        redis.call('PUBLISH', channel, msg .. string.format('%.0f', next_fence()))
         return 'granted'
       end
     end

@@ -1,20 +1,52 @@
 
 -- release: a holder lets go, or a waiter gives up; in one step, so a waiter
 -- that was granted the lock while giving up passes it on instead of leaving
--- it held until the grant lease runs out.
+-- it held until the grant lease runs out. The caller's process may send
+-- along the first of its waiters that wait behind the caller there, not
+-- queued here: it is queued when the lock goes to another process's waiter
+-- (or stays someone else's), and is handed the lock when nobody is queued.
 --   ARGV[1] token, ARGV[2] '1' when a waiter gives up (it may be queued),
---   ARGV[3] the caller's grant channel
--- Returns 0 when the token did not hold the lock, 1 when it was released and
--- is free, 2 when it was handed to the next waiter and published to it, and
--- the grant message when it was handed to a waiter of the caller's own
--- process, which the caller wakes.
-local token = ARGV[1]
+--   ARGV[3] the caller's grant channel, ARGV[4] waiter lease ms; then,
+--   optionally, the caller's waiter: ARGV[5] its token, ARGV[6] its grant
+--   lease ms, ARGV[7] its ttl ms.
+-- Returns {held, grant}: held 1 when the token held the lock, else 0; grant
+-- the message of a grant to a waiter of the caller's own process, which the
+-- caller wakes, or ''.
+local token, channel, next = ARGV[1], ARGV[3], ARGV[5]
 if ARGV[2] == '1' and redis.call('HDEL', KEYS[4], token) == 1 then
   redis.call('LREM', KEYS[3], 1, token)
 end
-if redis.call('GET', KEYS[1]) ~= token then return 0 end
-local r = grant_next(false, ARGV[3])
-if r == 'granted' then return 2 end
-if r then return r end
-redis.call('DEL', KEYS[1])
-return 1
+
+local function queue_next()
+  if not next then return end
+  local lease = tonumber(ARGV[4])
+  if redis.call('HSET', KEYS[4], next, waiter_entry(now_ms() + lease, ARGV[6], ARGV[7], 1, channel)) == 1 then
+    redis.call('RPUSH', KEYS[3], next)
+  end
+  redis.call('PEXPIRE', KEYS[3], lease)
+  redis.call('PEXPIRE', KEYS[4], lease)
+end
+
+local cur = redis.call('GET', KEYS[1])
+local held = 0
+if cur == token then
+  held = 1
+elseif cur then
+  queue_next() -- someone else's: their release serves the queue
+  return {0, ''}
+end
+-- Ours to hand on, or free (its lease ran out): the oldest live waiter in
+-- the queue gets it, else the caller's.
+local r = grant_next(false, channel)
+if r == 'granted' then
+  queue_next()
+  return {held, ''}
+elseif r then
+  return {held, r}
+end
+if next then
+  redis.call('SET', KEYS[1], next, 'PX', ARGV[7])
+  return {held, next .. ' 1 ' .. string.format('%.0f', next_fence())}
+end
+if held == 1 then redis.call('DEL', KEYS[1]) end
+return {held, ''}

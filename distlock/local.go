@@ -1,0 +1,228 @@
+package distlock
+
+import (
+	"hash/maphash"
+	"slices"
+	"sync"
+	"time"
+)
+
+// What a Client knows of its own keys: which of its locks or waiters is at
+// the head of its line for a key, which of its waiters wait behind that one
+// without having asked Redis, and which keys made its last waiter queue. It
+// is sharded by key, so that goroutines locking different keys do not share
+// a mutex.
+//
+// A client has at most one waiter of a key in Redis's queue, or one lock on
+// it: its head. Its other waiters for the key defer behind the head, in
+// arrival order, and ask Redis nothing. When the head is a lock, its
+// release takes the first of them along: if the lock goes to another
+// process's waiter, that one is queued in Redis in the same script and
+// becomes the head; if it goes to this client's (the next in Redis's queue,
+// or the first deferred one when nobody is queued there), the others stay
+// behind the new holder. A hot key that a process's goroutines take turns
+// on therefore costs one round trip per hand-over, the release, and
+// processes take turns in the order they queued: one cannot pass a key
+// among its own goroutines while another process waits.
+
+const localShards = 32
+
+type keyShard struct {
+	mu   sync.Mutex
+	keys map[string]*keyState
+}
+
+type keyState struct {
+	busy     bool      // the last wait here had to queue: skip take
+	head     string    // the token of this client's lock on key, or of its waiter queued in Redis; "" if none
+	holding  bool      // head holds the lock...
+	until    time.Time // ...until then, as far as it knew when it obtained it
+	deferred []*waiter // waiting behind head, oldest first
+}
+
+func (s *keyState) empty() bool { return !s.busy && s.head == "" && len(s.deferred) == 0 }
+
+// A waiter is one Obtain waiting for a held key.
+type waiter struct {
+	tok  string
+	ttl  time.Duration
+	wake chan grant
+	sent bool // may be queued in Redis or granted, by a release (under the shard's mu)
+}
+
+func newWaiter(tok string, ttl time.Duration) *waiter {
+	return &waiter{tok: tok, ttl: ttl, wake: make(chan grant, 1)}
+}
+
+// maxBusy bounds the keys a client remembers as busy; past it, a shard
+// forgets those it remembers only for that, and they are learnt again.
+const maxBusy = 1024
+
+func (c *Client) shard(key string) *keyShard {
+	return &c.local[maphash.String(c.seed, key)%localShards]
+}
+
+// enter is an Obtain's first look at key. If this client has a head for
+// key (a lock still valid, or a waiter in Redis's queue), the waiter is
+// registered and deferred behind it, and returned. Else it reports whether
+// key made this client's last waiter queue.
+func (c *Client) enter(key, tok string, ttl time.Duration) (w *waiter, busy bool, err error) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.keys[key]
+	if st == nil {
+		return nil, false, nil
+	}
+	if st.head == "" || st.holding && !time.Now().Before(st.until) {
+		return nil, st.busy, nil
+	}
+	w = newWaiter(tok, ttl)
+	if err := c.register(w); err != nil {
+		return nil, false, err
+	}
+	st.deferred = append(st.deferred, w)
+	return w, false, nil
+}
+
+// held records that tok holds key here, valid until until.
+func (c *Client) held(key, tok string, until time.Time) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := c.state(sh, key)
+	st.head, st.holding, st.until = tok, true, until
+}
+
+// queuedHere records that tok, a waiter of this client, is in key's queue
+// in Redis: the head, unless the client has one.
+func (c *Client) queuedHere(key, tok string) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := c.state(sh, key)
+	st.busy = true
+	if st.head == "" {
+		st.head, st.holding = tok, false
+	}
+}
+
+// hasDeferred reports whether waiters defer behind tok, key's head here.
+func (c *Client) hasDeferred(key, tok string) bool {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.keys[key]
+	return st != nil && st.head == tok && len(st.deferred) > 0
+}
+
+// releasing returns the first waiter deferred behind tok, marked sent, if
+// tok is key's head here: the release (or departure) of tok about to run
+// takes it along. tok stays the head until released: waiters that come
+// meanwhile defer too.
+func (c *Client) releasing(key, tok string) *waiter {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.keys[key]
+	if st == nil || st.head != tok || len(st.deferred) == 0 {
+		return nil
+	}
+	w := st.deferred[0]
+	w.sent = true
+	return w
+}
+
+// released records the end of the release (or departure) of tok, key's
+// head here, which took along first (or nil). If the lock went to a waiter
+// here, next, that one is the head now, holding until until, and first, if
+// it is not next, waits behind it again. If first was queued in Redis, it
+// is the head, waiting. Else the client has no head for key, and the
+// waiters that deferred while the release was under way are told to check
+// by themselves.
+func (c *Client) released(key, tok string, first *waiter, next string, until time.Time) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	st := sh.keys[key]
+	if st == nil || st.head != tok {
+		sh.mu.Unlock()
+		return
+	}
+	var orphans []*waiter
+	switch {
+	case next != "":
+		st.head, st.holding, st.until = next, true, until
+		st.deferred = slices.DeleteFunc(st.deferred, func(w *waiter) bool { return w.tok == next })
+		if first != nil && first.tok != next {
+			first.sent = false
+		}
+	case first != nil:
+		st.head, st.holding = first.tok, false
+		st.deferred = slices.DeleteFunc(st.deferred, func(w *waiter) bool { return w == first })
+	default:
+		st.head, st.holding = "", false
+		orphans, st.deferred = st.deferred, nil
+		if st.empty() {
+			delete(sh.keys, key)
+		}
+	}
+	sh.mu.Unlock()
+	for _, w := range orphans {
+		wake(w, grant{})
+	}
+}
+
+// undefer takes w out of key's deferred waiters, and reports whether a
+// release has taken it to queue it (or hand it the lock).
+func (c *Client) undefer(key string, w *waiter) (sent bool) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.keys[key]
+	if st != nil {
+		st.deferred = slices.DeleteFunc(st.deferred, func(d *waiter) bool { return d == w })
+		if st.empty() {
+			delete(sh.keys, key)
+		}
+	}
+	return w.sent
+}
+
+// setBusy records whether a waiter for key had to queue: a key that did not
+// is free again, and the next obtain tries to take it first.
+func (c *Client) setBusy(key string, busy bool) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.keys[key]
+	if !busy {
+		if st != nil {
+			st.busy = false
+			if st.empty() {
+				delete(sh.keys, key)
+			}
+		}
+		return
+	}
+	if st == nil && len(sh.keys) >= maxBusy/localShards {
+		for k, s := range sh.keys {
+			if s.head == "" && len(s.deferred) == 0 {
+				delete(sh.keys, k)
+			}
+		}
+	}
+	c.state(sh, key).busy = true
+}
+
+// state returns key's state in sh, making it; sh.mu must be held.
+func (c *Client) state(sh *keyShard, key string) *keyState {
+	st := sh.keys[key]
+	if st == nil {
+		if sh.keys == nil {
+			sh.keys = map[string]*keyState{}
+		}
+		st = &keyState{}
+		sh.keys[key] = st
+	}
+	return st
+}
