@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,11 +17,13 @@ import (
 	"github.com/contend/contend/internal/token"
 )
 
-// RedisClient is what a [Client] needs of go-redis: scripts, and one
-// subscription for the grants that hand a released lock to a waiter. [redis.UniversalClient] satisfies it (a single
+// RedisClient is what a [Client] needs of go-redis: scripts, pipelines to
+// send several together, and one subscription for the grants that hand a
+// released lock to a waiter. [redis.UniversalClient] satisfies it (a single
 // node, Sentinel or Cluster); tests wrap it to inject faults.
 type RedisClient interface {
 	redis.Scripter
+	Pipeline() redis.Pipeliner
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 
@@ -84,6 +87,23 @@ const MinTTL = 10 * time.Millisecond
 // releaseTimeout bounds the clean-up calls (release, leaving the queue) that
 // must happen even when the caller's ctx has already ended.
 const releaseTimeout = 5 * time.Second
+
+// cleanupContext returns a context for a clean-up call that must run even
+// when ctx has ended: ctx's values, without its cancellation, and a deadline
+// releaseTimeout away, which go-redis turns into the deadline of the
+// socket's reads and writes. Nothing else waits for it: a
+// context.WithTimeout would start a timer for each release, and on a busy
+// client those timers cost the runtime more than the release's own syscalls.
+func cleanupContext(ctx context.Context) context.Context {
+	return deadlineContext{context.WithoutCancel(ctx), time.Now().Add(releaseTimeout)}
+}
+
+type deadlineContext struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
 
 // healthInterval is how long the subscription may stay silent before it is
 // pinged, so that a connection that died without a reset is noticed.
@@ -161,10 +181,12 @@ func checkKey(op, key string) error {
 // lock held; fencing tokens ([Lock.Fence]) let the resource itself refuse a
 // holder that outlived its lease. fn runs at most once per Do.
 //
-// Waiters are served in arrival order: a release hands the lock straight to
-// the oldest waiter and wakes only that waiter's process, through one
-// subscription the Client owns (or, when the waiter is the releasing
-// Client's own, from the release's reply, with no message at all). The Client never closes the Redis client it
+// Waiters are served in order: processes in the order they queued, a
+// process's waiters in the order they came (see the package doc). A release
+// hands the lock straight to the next waiter and wakes only that waiter's
+// process, through one subscription the Client owns (or, when the waiter is
+// the releasing Client's own, from the release's reply, with no message at
+// all). The Client never closes the Redis client it
 // was given; [Client.Close] stops the subscription.
 //
 // A Client is safe for simultaneous use by multiple goroutines. Use one per
@@ -176,6 +198,7 @@ type Client struct {
 
 	local [localShards]keyShard // what this client knows of its keys: see local.go
 	seed  maphash.Seed
+	batch batcher // scripts sent together: see batch.go
 
 	mu      sync.Mutex         // protects the fields below
 	waiters map[string]*waiter // by token
@@ -209,10 +232,22 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 
 // keys returns the lock, fence, queue and waiter keys of key. They share the
 // hash tag {key}, so a Cluster keeps them on one slot and one script can
-// touch them all.
+// touch them all. They are cut from one string: one allocation, not four.
 func (c *Client) keys(key string) []string {
-	base := c.cfg.Prefix + "{" + key + "}"
-	return []string{base, base + ":fence", base + ":queue", base + ":waiters"}
+	base := len(c.cfg.Prefix) + len(key) + 2
+	var b strings.Builder
+	b.Grow(3*base + len(":fence:queue:waiters"))
+	for _, suffix := range []string{":fence", ":queue", ":waiters"} {
+		b.WriteString(c.cfg.Prefix)
+		b.WriteByte('{')
+		b.WriteString(key)
+		b.WriteByte('}')
+		b.WriteString(suffix)
+	}
+	s := b.String()
+	fence := base + len(":fence")
+	queue := fence + base + len(":queue")
+	return []string{s[:base], s[:fence], s[fence:queue], s[queue:]}
 }
 
 // TryObtain makes one attempt to lock key for ttl. It returns an error
@@ -227,9 +262,10 @@ func (c *Client) TryObtain(ctx context.Context, key string, ttl time.Duration) (
 // Config.MaxWait passes, with an error matching both [contend.ErrConflict]
 // and ctx's error ([context.Canceled] or [context.DeadlineExceeded]), after
 // leaving the queue. A Redis error ends the wait too and is returned as it
-// is. A lock handed over by a release is held at first for the grant lease
-// and extended to ttl within a quarter of it unless released before (see
-// [Lock.ValidUntil]). Most callers should use [Client.Do], which also
+// is. A lock handed over by another process's release is held at first for
+// the grant lease and extended to ttl within a quarter of it unless released
+// before (see [Lock.ValidUntil]); one handed over by this Client's own
+// release is held for ttl at once. Most callers should use [Client.Do], which also
 // refreshes and releases.
 func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
 	return c.obtain(ctx, key, ttl, true)
@@ -360,14 +396,14 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 // newcomer's release, or find the key free when they check.
 func (c *Client) take(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (*Lock, error) {
 	began := time.Now()
-	fence, err := takeScript.Run(ctx, c.rdb, keys[:2], tok, ttl.Milliseconds()).Int64()
+	fence, err := c.run(ctx, takeScript, keys[:2], tok, ttl.Milliseconds()).Int64()
 	switch {
 	case err != nil:
 		return nil, err
 	case fence == 0:
 		return nil, nil // held
 	case fence == 1:
-		if fence, err = fenceScript.Run(ctx, c.rdb, keys[:2]).Int64(); err != nil {
+		if fence, err = c.run(ctx, fenceScript, keys[:2]).Int64(); err != nil {
 			return nil, err // the caller's clean-up releases the lock
 		}
 	}
@@ -385,7 +421,7 @@ func (c *Client) attempt(ctx context.Context, key string, keys []string, tok str
 	if seq > 0 {
 		mode = "1"
 	}
-	res, err := acquireScript.Run(ctx, c.rdb, keys,
+	res, err := c.run(ctx, acquireScript, keys,
 		tok, ttl.Milliseconds(), mode, c.channel,
 		c.waiterLease().Milliseconds(), c.grantLease(ttl).Milliseconds(), seq,
 	).Int64Slice()
@@ -547,27 +583,24 @@ func (c *Client) accepted(key string, keys []string, tok string, ttl time.Durati
 // are left to the leases (the queue entry and the grant expire by
 // themselves).
 func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	_, _ = c.runRelease(ctx, key, keys, tok, "1")
+	_, _ = c.runRelease(cleanupContext(ctx), key, keys, tok, "1")
 }
 
 // refresh, release and pttl make the Client a lockOwner.
 
 func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
-	n, err := refreshScript.Run(ctx, c.rdb, l.keys[:1], l.token, ttl.Milliseconds()).Int64()
+	n, err := c.run(ctx, refreshScript, l.keys[:1], l.token, ttl.Milliseconds()).Int64()
 	return n == 1, err
 }
 
 // release lets go of l, handing it to the oldest waiter if any. A lock taken
-// while nobody waited most often finds nobody waiting still: a
-// compare-and-delete that also checks the queue frees it, at little more
-// than a bare release costs Redis, and only when waiters came meanwhile
-// (in Redis, or deferred behind l here) does the release script run, to
-// hand over.
+// while nobody waited most often finds nobody waiting still: a bare
+// compare-and-delete frees it, and only when waiters came meanwhile (in
+// Redis, which marks the lock, or deferred behind l here) does the release
+// script run, to hand over.
 func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 	if l.taken && !c.hasDeferred(l.key, l.token) {
-		n, err := freeScript.Run(ctx, c.rdb, []string{l.keys[0], l.keys[2]}, l.token).Int64()
+		n, err := c.run(ctx, freeScript, l.keys[:1], l.token).Int64()
 		if err != nil || n != -1 {
 			c.released(l.key, l.token, nil, "", time.Time{})
 			return n == 1, err
@@ -592,7 +625,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 		args = append(args, first.tok, c.grantLease(first.ttl).Milliseconds(), first.ttl.Milliseconds())
 	}
 	began := time.Now()
-	res, err := releaseScript.Run(ctx, c.rdb, keys, args...).Slice()
+	res, err := c.run(ctx, releaseScript, keys, args...).Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
@@ -633,7 +666,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 func (c *Client) waiterLease() time.Duration { return 3 * c.cfg.Recheck }
 
 func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
-	n, err := pttlScript.Run(ctx, c.rdb, l.keys[:1], l.token).Int64()
+	n, err := c.run(ctx, pttlScript, l.keys[:1], l.token).Int64()
 	if err != nil || n == -3 {
 		return 0, false, err
 	}

@@ -62,18 +62,42 @@
 // instead of being polled for (polling lets the releaser take the lock back
 // and starves others).
 //
-// The grant is a short lease (Config.GrantLease) on the waiter's token. The
-// message names the waiter's latest attempt, so the waiter knows the grant
-// came after that attempt began: it holds the lock from the moment the
-// message arrives, validity counted from that attempt, and extends the lease
-// to its TTL beside its work (or not at all, if it releases first). A waiter
-// whose process died therefore blocks the key for the grant lease only. A
-// waiter that gives up leaves the queue and passes on a grant it got
-// meanwhile, in one script, even after its ctx ended; a timed re-check
-// (Config.Recheck) covers lost messages and dead holders; while the
-// subscription is down, waiters poll with jittered backoff. Every wait ends
-// with ctx or Config.MaxWait; the error then matches both
+// A Client queues at most one waiter per key in Redis. Its other waiters
+// for that key wait behind that one, or behind the Client's own lock on
+// the key, in arrival order, and ask Redis nothing: when the lock comes to
+// the Client, they get it in turn, each handed over by the release before
+// it, in the same script that releases (when nobody else is queued, that is
+// all the script does), without a message, and for the waiter's full TTL
+// at once. When another process's waiter is queued, the release hands the
+// lock to it instead and queues the Client's next waiter behind it. So
+// processes are served in the order they queued, and a process's
+// goroutines in the order they came; a process cannot pass a hot key among
+// its own goroutines while another waits, and such a key costs one round
+// trip per hand-over.
+//
+// A grant to another process is a short lease (Config.GrantLease) on the
+// waiter's token. The message names the waiter's latest attempt, so the
+// waiter knows the grant came after that attempt began: it holds the lock
+// from the moment the message arrives, validity counted from that attempt,
+// and extends the lease to its TTL beside its work (or not at all, if it
+// releases first). A waiter whose process died therefore blocks the key for
+// the grant lease only. A waiter that gives up leaves the queue and passes
+// on a grant it got meanwhile, in one script, even after its ctx ended; a
+// timed re-check (Config.Recheck) covers lost messages and dead holders;
+// while the subscription is down, waiters poll with jittered backoff. Every
+// wait ends with ctx or Config.MaxWait; the error then matches both
 // [contend.ErrConflict] and ctx's error.
+//
+// # Round trips
+//
+// Taking a free key is one script (SET NX PX and the fencing increment),
+// and releasing a lock nobody waits for is a bare compare-and-delete: a
+// waiter that queues marks the holder's lock, so only a marked lock needs
+// the release script. The scripts of a Client's goroutines that run at the
+// same time go to Redis together: while a few calls are under way, later
+// ones queue and go out as one pipeline, so that under load one round trip,
+// and one read and write on each end, serves many. A lone caller's script
+// goes out at once, on its own.
 //
 // # Errors
 //

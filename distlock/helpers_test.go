@@ -155,6 +155,23 @@ func (f *faulty) EvalSha(ctx context.Context, sha string, keys []string, args ..
 	return f.UniversalClient.EvalSha(ctx, sha, keys, args...)
 }
 
+// Pipeline returns a pipeline whose Exec is held up like a script call.
+func (f *faulty) Pipeline() redis.Pipeliner {
+	return &gatedPipe{Pipeliner: f.UniversalClient.Pipeline(), f: f}
+}
+
+type gatedPipe struct {
+	redis.Pipeliner
+	f *faulty
+}
+
+func (p *gatedPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
+	if err := p.f.pass(ctx); err != nil {
+		return nil, err
+	}
+	return p.Pipeliner.Exec(ctx)
+}
+
 func (f *faulty) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
 	if f.deaf != "" {
 		return f.UniversalClient.Subscribe(ctx, f.deaf)

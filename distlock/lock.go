@@ -286,8 +286,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.holdCancel(context.Canceled)
 		l.holdCancel = nil
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
+	rctx := cleanupContext(ctx)
 	// An extension stopped here never runs: it counts as finished. One that
 	// runs is waited for.
 	extending := false

@@ -7,7 +7,7 @@
 -- Returns {1, fence} when the caller holds the lock, {0, 0} when not.
 local token, ttl = ARGV[1], ARGV[2]
 local cur = redis.call('GET', KEYS[1])
-if cur == token then
+if holds(cur, token) then
   -- A release granted it to this waiter (whose message may be late or
   -- lost): accept it for the full ttl. The counter has not moved since the
   -- grant, because nobody else can take the lock while it is held.
@@ -37,5 +37,9 @@ if ARGV[3] == '1' then
   -- deadline, so an abandoned queue disappears by itself.
   redis.call('PEXPIRE', KEYS[3], lease)
   redis.call('PEXPIRE', KEYS[4], lease)
+  -- Mark the holder's lock: its release must hand it over, not just delete.
+  if cur and string.sub(cur, -2) ~= '|q' then
+    redis.call('SET', KEYS[1], cur .. '|q', 'KEEPTTL')
+  end
 end
 return {0, 0}

@@ -1,11 +1,15 @@
--- free: compare-and-delete, unless waiters are queued: the release of a
--- lock taken while nobody waited, when still nobody does. Two keys and no
--- library keep it nearly as cheap as a bare release; when it finds waiters,
--- it leaves the lock to release.lua, which hands it over.
---   KEYS[1] the lock, KEYS[2] the queue; ARGV[1] token.
+-- free: compare-and-delete, the release of a lock taken while nobody
+-- waited, when still nobody does. A waiter that queues behind a lock marks
+-- it (see acquire.lua), so this is a bare compare-and-delete: one key, no
+-- library. When it finds the lock marked, it leaves it to release.lua, which
+-- hands it over.
+--   KEYS[1] the lock; ARGV[1] token.
 -- Returns 0 when the token did not hold the lock, 1 when it was deleted, -1
 -- when waiters are queued and the lock is still held.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
-redis.call('DEL', KEYS[1])
-return 1
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if v == ARGV[1] .. '|q' then return -1 end
+return 0

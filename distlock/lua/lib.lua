@@ -1,7 +1,10 @@
 -- Shared by acquire.lua, release.lua and fence.lua, which are this file
 -- followed by their own body. Keys, all under one hash tag so a Cluster keeps them on one
 -- slot:
---   KEYS[1] the lock: the holder's token, with the lease as its expiry
+--   KEYS[1] the lock: the holder's token, with the lease as its expiry;
+--           followed by '|q' once a waiter has queued behind that holder,
+--           so that the release of a lock nobody waits for can be a bare
+--           compare-and-delete (free.lua)
 --   KEYS[2] the fencing counter: never expires, only ever increases
 --   KEYS[3] the queue: a list of waiting tokens, oldest first
 --   KEYS[4] the waiters: a hash token -> "deadline_ms grant_ms ttl_ms seq
@@ -11,6 +14,12 @@
 -- TIME is non-deterministic; scripts that write after it need effects
 -- replication, the default since Redis 5 and a no-op to ask for there.
 if redis.replicate_commands then redis.replicate_commands() end
+
+-- holds reports whether the lock's value v is token's, marked or not: the
+-- whole value is compared, never a prefix.
+local function holds(v, token)
+  return v == token or v == token .. '|q'
+end
 
 local function now_ms()
   local t = redis.call('TIME')

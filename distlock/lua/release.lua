@@ -25,11 +25,15 @@ local function queue_next()
   end
   redis.call('PEXPIRE', KEYS[3], lease)
   redis.call('PEXPIRE', KEYS[4], lease)
+  local cur = redis.call('GET', KEYS[1])
+  if cur and string.sub(cur, -2) ~= '|q' then
+    redis.call('SET', KEYS[1], cur .. '|q', 'KEEPTTL')
+  end
 end
 
 local cur = redis.call('GET', KEYS[1])
 local held = 0
-if cur == token then
+if holds(cur, token) then
   held = 1
 elseif cur then
   queue_next() -- someone else's: their release serves the queue

@@ -1,0 +1,99 @@
+package distlock_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
+)
+
+// counting counts the scripts that a client sends in pipelines of more
+// than one.
+type counting struct {
+	redis.UniversalClient
+	batched atomic.Int64
+}
+
+func (c *counting) Pipeline() redis.Pipeliner {
+	return &countingPipe{Pipeliner: c.UniversalClient.Pipeline(), c: c}
+}
+
+type countingPipe struct {
+	redis.Pipeliner
+	c *counting
+}
+
+func (p *countingPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
+	if n := p.Len(); n > 1 {
+		p.c.batched.Add(int64(n))
+	}
+	return p.Pipeliner.Exec(ctx)
+}
+
+// lockEach has every worker lock a key of its own, rounds times, checking
+// that each lock is its own: the reply a caller got from a batch was its
+// script's, not a neighbour's.
+func lockEach(t *testing.T, c *distlock.Client, rdb redis.UniversalClient, prefix string, workers, rounds int) {
+	t.Helper()
+	ctx := t.Context()
+	workload.Each(t, workers, func(w int) error {
+		key := "batch" + strconv.Itoa(w)
+		last := int64(0)
+		for range rounds {
+			l, err := c.Obtain(ctx, key, distlock.MinTTL*100)
+			if err != nil {
+				return err
+			}
+			stored, err := rdb.Get(ctx, lockKey(prefix, key)).Result()
+			if err != nil {
+				return err
+			}
+			if stored != l.Token() || l.Fence() <= last {
+				t.Errorf("worker %d got lock %s (fence %d) but Redis holds %s (last fence %d)", w, l.Token(), l.Fence(), stored, last)
+			}
+			last = l.Fence()
+			if err := l.Release(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Scripts of concurrent callers go out together, and each caller gets its
+// own script's reply.
+func TestConcurrentCallsShareRoundTrips(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	counted := &counting{UniversalClient: rdb}
+	c := newClient(t, counted, distlock.Config{Prefix: prefix})
+	lockEach(t, c, rdb, prefix, 32, 50)
+	require.Positive(t, counted.batched.Load(), "no script went out in a batch")
+}
+
+// A batch sent after Redis lost its scripts still runs them all.
+func TestBatchAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	srv := testserver.OwnRedis(t)
+	rdb := srv.Client(t)
+	c := newClient(t, rdb, distlock.Config{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	lockEach(t, c, rdb, distlock.DefaultPrefix, 16, 40)
+	<-done
+}
