@@ -22,19 +22,12 @@ type counting struct {
 }
 
 func (c *counting) Pipeline() redis.Pipeliner {
-	return &countingPipe{Pipeliner: c.UniversalClient.Pipeline(), c: c}
-}
-
-type countingPipe struct {
-	redis.Pipeliner
-	c *counting
-}
-
-func (p *countingPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
-	if n := p.Len(); n > 1 {
-		p.c.batched.Add(int64(n))
-	}
-	return p.Pipeliner.Exec(ctx)
+	return &hookedPipe{c.UniversalClient.Pipeline(), func(_ context.Context, p redis.Pipeliner) error {
+		if n := p.Len(); n > 1 {
+			c.batched.Add(int64(n))
+		}
+		return nil
+	}}
 }
 
 // lockEach has every worker lock a key of its own, rounds times, checking

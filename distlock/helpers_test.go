@@ -157,16 +157,20 @@ func (f *faulty) EvalSha(ctx context.Context, sha string, keys []string, args ..
 
 // Pipeline returns a pipeline whose Exec is held up like a script call.
 func (f *faulty) Pipeline() redis.Pipeliner {
-	return &gatedPipe{Pipeliner: f.UniversalClient.Pipeline(), f: f}
+	return &hookedPipe{f.UniversalClient.Pipeline(), func(ctx context.Context, _ redis.Pipeliner) error {
+		return f.pass(ctx)
+	}}
 }
 
-type gatedPipe struct {
+// hookedPipe runs before ahead of every Exec, and fails the Exec with its
+// error: how a test client sees, or holds up, the batches a Client sends.
+type hookedPipe struct {
 	redis.Pipeliner
-	f *faulty
+	before func(ctx context.Context, p redis.Pipeliner) error
 }
 
-func (p *gatedPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
-	if err := p.f.pass(ctx); err != nil {
+func (p *hookedPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
+	if err := p.before(ctx, p.Pipeliner); err != nil {
 		return nil, err
 	}
 	return p.Pipeliner.Exec(ctx)
