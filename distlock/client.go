@@ -499,7 +499,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 			}
 			if l != nil {
 				if seq == 1 {
-					c.setBusy(key, false)
+					c.notBusy(key)
 				}
 				c.held(key, tok, l.valid)
 				c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})

@@ -11,3 +11,15 @@ func Deferred(c *Client, key string) int {
 	}
 	return 0
 }
+
+// Known returns how many keys c keeps state for.
+func Known(c *Client) int {
+	n := 0
+	for i := range c.local {
+		sh := &c.local[i]
+		sh.mu.Lock()
+		n += len(sh.keys)
+		sh.mu.Unlock()
+	}
+	return n
+}

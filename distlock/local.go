@@ -100,6 +100,13 @@ func (c *Client) queuedHere(key, tok string) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	if sh.keys[key] == nil && len(sh.keys) >= maxBusy/localShards {
+		for k, s := range sh.keys {
+			if s.head == "" && len(s.deferred) == 0 {
+				delete(sh.keys, k)
+			}
+		}
+	}
 	st := c.state(sh, key)
 	st.busy = true
 	if st.head == "" {
@@ -188,30 +195,18 @@ func (c *Client) undefer(key string, w *waiter) (sent bool) {
 	return w.sent
 }
 
-// setBusy records whether a waiter for key had to queue: a key that did not
-// is free again, and the next obtain tries to take it first.
-func (c *Client) setBusy(key string, busy bool) {
+// notBusy records that a waiter for key did not have to queue: the key is
+// free again, and the next obtain tries to take it first.
+func (c *Client) notBusy(key string) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	st := sh.keys[key]
-	if !busy {
-		if st != nil {
-			st.busy = false
-			if st.empty() {
-				delete(sh.keys, key)
-			}
-		}
-		return
-	}
-	if st == nil && len(sh.keys) >= maxBusy/localShards {
-		for k, s := range sh.keys {
-			if s.head == "" && len(s.deferred) == 0 {
-				delete(sh.keys, k)
-			}
+	if st := sh.keys[key]; st != nil {
+		st.busy = false
+		if st.empty() {
+			delete(sh.keys, key)
 		}
 	}
-	c.state(sh, key).busy = true
 }
 
 // state returns key's state in sh, making it; sh.mu must be held.

@@ -3,6 +3,7 @@ package distlock_test
 import (
 	"context"
 	"net"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -401,4 +402,24 @@ func TestObserveReportsEvents(t *testing.T) {
 	require.ErrorIs(t, l.Release(ctx), contend.ErrLockLost)
 	require.Equal(t, []distlock.EventKind{distlock.EventObtained, distlock.EventLost}, kinds())
 	require.Equal(t, "lost", distlock.EventLost.String())
+}
+
+// A client forgets keys it remembered only because a waiter queued on them
+// once: waiting on many keys leaves its memory bounded.
+func TestBusyKeysAreBounded(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix})
+	ctx := t.Context()
+	for i := range 1500 {
+		key := "busy" + strconv.Itoa(i)
+		held, err := other.TryObtain(ctx, key, time.Minute)
+		require.NoError(t, err)
+		short, cancel := context.WithTimeout(ctx, time.Millisecond)
+		_, err = c.Obtain(short, key, time.Minute)
+		cancel()
+		require.ErrorIs(t, err, contend.ErrConflict)
+		require.NoError(t, held.Release(ctx))
+	}
+	require.LessOrEqual(t, distlock.Known(c), 1024+32)
 }
