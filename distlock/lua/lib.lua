@@ -21,9 +21,15 @@ local function holds(v, token)
   return v == token or v == token .. '|q'
 end
 
+-- now_ms is the server's clock in milliseconds, read once per script: a
+-- script runs as one step, so one reading serves all of it.
+local now
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not now then
+    local t = redis.call('TIME')
+    now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now
 end
 
 -- next_fence returns the next fencing token. A missing counter (a new key,
@@ -68,7 +74,6 @@ end
 -- accepts: a waiter whose process died holds the key only briefly. It
 -- returns false when nobody is waiting, 'granted' when it published.
 local function grant_next(self, local_channel)
-  local now
   while true do
     local t = redis.call('LPOP', KEYS[3])
     if not t then return false end
@@ -76,8 +81,7 @@ local function grant_next(self, local_channel)
     if w then
       redis.call('HDEL', KEYS[4], t)
       local deadline, grant_ms, ttl_ms, seq, channel = string.match(w, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
-      now = now or now_ms()
-      if tonumber(deadline) >= now then
+      if tonumber(deadline) >= now_ms() then
         if t == self then return 'self' end
         local msg = t .. ' ' .. seq .. ' '
         if channel == local_channel then

@@ -17,7 +17,10 @@ if ARGV[2] == '1' and redis.call('HDEL', KEYS[4], token) == 1 then
   redis.call('LREM', KEYS[3], 1, token)
 end
 
-local function queue_next()
+-- queue_next queues the caller's waiter. A lock that is not a grant's may
+-- have been taken while nobody waited (take.lua), and is released with a bare
+-- compare-and-delete unless marked: mark it (cur, its value).
+local function queue_next(cur)
   if not next then return end
   local lease = tonumber(ARGV[4])
   if redis.call('HSET', KEYS[4], next, waiter_entry(now_ms() + lease, ARGV[6], ARGV[7], 1, channel)) == 1 then
@@ -25,7 +28,6 @@ local function queue_next()
   end
   redis.call('PEXPIRE', KEYS[3], lease)
   redis.call('PEXPIRE', KEYS[4], lease)
-  local cur = redis.call('GET', KEYS[1])
   if cur and string.sub(cur, -2) ~= '|q' then
     redis.call('SET', KEYS[1], cur .. '|q', 'KEEPTTL')
   end
@@ -36,14 +38,15 @@ local held = 0
 if holds(cur, token) then
   held = 1
 elseif cur then
-  queue_next() -- someone else's: their release serves the queue
+  queue_next(cur) -- someone else's: their release serves the queue
   return {0, ''}
 end
 -- Ours to hand on, or free (its lease ran out): the oldest live waiter in
 -- the queue gets it, else the caller's.
 local r = grant_next(false, channel)
 if r == 'granted' then
-  queue_next()
+  -- A grant's lock is always released by this script: no mark needed.
+  queue_next(false)
   return {held, ''}
 elseif r then
   return {held, r}
