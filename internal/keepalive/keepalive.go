@@ -6,6 +6,7 @@ package keepalive
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/contend/contend"
@@ -17,13 +18,22 @@ import (
 // out.
 type Refresh func(ctx context.Context) (held bool, err error)
 
-// A Hold owns the goroutine that refreshes one lease.
+// A Hold refreshes one lease, from a timer: no goroutine waits beside the
+// work, and Stop, on the hot path of every guarded call, only stops the
+// timer, unless a refresh is under way, which it waits for.
 type Hold struct {
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	stop   chan struct{}
-	done   chan struct{}
-	lost   error // set by the refresh goroutine before done is closed
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	ttl      time.Duration
+	interval time.Duration
+	refresh  Refresh
+
+	mu      sync.Mutex // protects the fields below
+	timer   *time.Timer
+	valid   time.Time     // when the lease ends unless refreshed
+	running chan struct{} // non-nil while a refresh runs; closed when it has ended
+	stopped bool
+	lost    error
 }
 
 // Start refreshes a lease of length ttl every ttl/3, starting from the moment
@@ -33,62 +43,84 @@ type Hold struct {
 // refresh. Call [Hold.Stop] when the work is done.
 func Start(parent context.Context, obtained time.Time, ttl time.Duration, refresh Refresh) *Hold {
 	ctx, cancel := context.WithCancelCause(parent)
-	h := &Hold{ctx: ctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{})}
-	go h.run(obtained, ttl, refresh)
+	h := &Hold{
+		ctx: ctx, cancel: cancel, ttl: ttl, refresh: refresh,
+		interval: max(ttl/3, time.Millisecond),
+		// Measured on this process's monotonic clock from the start of the
+		// attempt that last succeeded, so it never overestimates what the
+		// server granted.
+		valid: obtained.Add(ttl),
+	}
+	h.mu.Lock()
+	h.timer = time.AfterFunc(h.interval, h.tick)
+	h.mu.Unlock()
 	return h
 }
 
 // Context is the context the work must run under.
 func (h *Hold) Context() context.Context { return h.ctx }
 
-// Stop stops refreshing and waits for the refresh goroutine to end. It returns
-// an error matching [contend.ErrLockLost] when the lease was lost before Stop
-// was called. Stop must be called exactly once.
+// Stop stops refreshing, waiting for a refresh under way to end, so that
+// none runs after it returns. It returns an error matching
+// [contend.ErrLockLost] when the lease was lost before Stop was called.
+// Stop must be called exactly once.
 func (h *Hold) Stop() error {
-	close(h.stop)
-	<-h.done
+	h.mu.Lock()
+	h.stopped = true
+	h.timer.Stop()
+	running := h.running
+	h.mu.Unlock()
+	if running != nil {
+		<-running
+	}
 	h.cancel(context.Canceled)
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	return h.lost
 }
 
-func (h *Hold) run(obtained time.Time, ttl time.Duration, refresh Refresh) {
-	defer close(h.done)
-	interval := max(ttl/3, time.Millisecond)
-	// valid is when the lease ends unless refreshed: measured on this
-	// process's monotonic clock from the start of the attempt that last
-	// succeeded, so it never overestimates what the server granted.
-	valid := obtained.Add(ttl)
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
-	for {
-		select {
-		case <-h.stop:
-			return
-		case <-h.ctx.Done():
-			return // the caller gave up; the work is ending anyway
-		case <-timer.C:
-		}
-		began := time.Now()
-		// Each attempt is bounded by what is left of the lease, so a hung
-		// backend cannot keep the work running past the point it is covered.
-		rctx, cancel := context.WithDeadline(context.WithoutCancel(h.ctx), valid)
-		held, err := refresh(rctx)
-		cancel()
-		switch {
-		case err == nil && held:
-			valid = began.Add(ttl)
-			timer.Reset(interval)
-			continue
-		case err == nil:
-			h.lost = fmt.Errorf("lease taken over or released by someone else: %w", contend.ErrLockLost)
-		case time.Now().Before(valid):
-			// A failed attempt: try again soon, while the lease still holds.
-			timer.Reset(min(interval, max(time.Until(valid)/2, time.Millisecond)))
-			continue
-		default:
-			h.lost = fmt.Errorf("lease expired before a refresh succeeded (last: %v): %w", err, contend.ErrLockLost)
-		}
-		h.cancel(h.lost)
-		return
+// tick is one refresh, run by the timer, which it sets again unless the
+// lease is lost, the work's ctx has ended, or Stop was called.
+func (h *Hold) tick() {
+	h.mu.Lock()
+	if h.stopped || h.ctx.Err() != nil {
+		h.mu.Unlock()
+		return // stopped, or the caller gave up: the work is ending anyway
+	}
+	done := make(chan struct{})
+	h.running = done
+	valid := h.valid
+	h.mu.Unlock()
+	defer close(done)
+
+	began := time.Now()
+	// Each attempt is bounded by what is left of the lease, so a hung
+	// backend cannot keep the work running past the point it is covered.
+	rctx, cancel := context.WithDeadline(context.WithoutCancel(h.ctx), valid)
+	held, err := h.refresh(rctx)
+	cancel()
+
+	h.mu.Lock()
+	h.running = nil
+	var next time.Duration
+	switch {
+	case err == nil && held:
+		h.valid = began.Add(h.ttl)
+		next = h.interval
+	case err == nil:
+		h.lost = fmt.Errorf("lease taken over or released by someone else: %w", contend.ErrLockLost)
+	case time.Now().Before(valid):
+		// A failed attempt: try again soon, while the lease still holds.
+		next = min(h.interval, max(time.Until(valid)/2, time.Millisecond))
+	default:
+		h.lost = fmt.Errorf("lease expired before a refresh succeeded (last: %v): %w", err, contend.ErrLockLost)
+	}
+	lost := h.lost
+	if lost == nil && !h.stopped {
+		h.timer.Reset(next)
+	}
+	h.mu.Unlock()
+	if lost != nil {
+		h.cancel(lost)
 	}
 }

@@ -65,3 +65,32 @@ func TestStopsWithTheCaller(t *testing.T) {
 	<-h.Context().Done()
 	require.NoError(t, h.Stop(), "the caller giving up is not a lost lease")
 }
+
+// Stop waits for a refresh under way, and none starts after it returns: the
+// caller releases right after Stop, and a late refresh must not extend what
+// it released.
+func TestNoRefreshAfterStop(t *testing.T) {
+	t.Parallel()
+	var inside, after atomic.Int32
+	var stopped atomic.Bool
+	refreshing := make(chan struct{}, 1)
+	h := keepalive.Start(t.Context(), time.Now(), 3*time.Millisecond, func(context.Context) (bool, error) {
+		inside.Add(1)
+		defer inside.Add(-1)
+		if stopped.Load() {
+			after.Add(1)
+		}
+		select {
+		case refreshing <- struct{}{}:
+		default:
+		}
+		time.Sleep(5 * time.Millisecond)
+		return true, nil
+	})
+	<-refreshing // a refresh is under way
+	require.NoError(t, h.Stop())
+	stopped.Store(true)
+	require.Zero(t, inside.Load(), "Stop returned while a refresh ran")
+	time.Sleep(20 * time.Millisecond)
+	require.Zero(t, after.Load(), "a refresh started after Stop returned")
+}
