@@ -181,8 +181,9 @@ func checkKey(op, key string) error {
 // lock held; fencing tokens ([Lock.Fence]) let the resource itself refuse a
 // holder that outlived its lease. fn runs at most once per Do.
 //
-// Waiters are served in order: processes in the order they queued, a
-// process's waiters in the order they came (see the package doc). A release
+// Waiters are served in order: processes take turns in the order they
+// queued, and a process's waiters get the key in the order they came (see
+// the package doc). A release
 // hands the lock straight to the next waiter and wakes only that waiter's
 // process, through one subscription the Client owns (or, when the waiter is
 // the releasing Client's own, from the release's reply, with no message at
@@ -353,9 +354,9 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	keys := c.keys(key)
 	tok := token.New()
 	if wait {
-		// Behind a lock of this client's own, the waiter is queued by its
-		// release; on a key that made this client's last waiter queue, it
-		// goes straight to the queue, without a take bound to fail.
+		// Behind this client's head for the key, the waiter defers; else it
+		// becomes the head, and on a key that made this client's last waiter
+		// queue, it goes straight to the queue, without a take bound to fail.
 		w, busy, err := c.enter(key, tok, ttl)
 		if err != nil {
 			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
@@ -466,6 +467,10 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		}
 		if queued {
 			c.leave(ctx, key, keys, tok)
+		} else {
+			// A head that never reached Redis: the waiters behind it must
+			// not wait for it.
+			c.released(key, tok, nil, "", time.Time{}, false)
 		}
 	}()
 	s := c.subscriber()
@@ -484,6 +489,9 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 	giveUpBy := began.Add(c.cfg.MaxWait)
 	var giveUp error
 	for seq := int64(1); ; seq++ {
+		if deferred {
+			seq = 1 // a release queues a deferred waiter, or hands it the lock, as attempt 1
+		}
 		if giveUp = ctxErr(ctx); giveUp != nil {
 			break
 		}
@@ -538,10 +546,13 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 			}
 		}
 		if deferred {
+			stay, sent := c.stay(key, w)
+			if stay {
+				continue
+			}
 			// From now on, a waiter like any other: its next attempt
-			// queues it, if the release it waited for has not.
-			deferred = false
-			queued = c.undefer(key, w)
+			// queues it, if a release has not.
+			deferred, queued = false, sent
 		}
 	}
 	c.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: giveUp})
@@ -602,7 +613,7 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 	if l.taken && !c.hasDeferred(l.key, l.token) {
 		n, err := c.run(ctx, freeScript, l.keys[:1], l.token).Int64()
 		if err != nil || n != -1 {
-			c.released(l.key, l.token, nil, "", time.Time{})
+			c.released(l.key, l.token, nil, "", time.Time{}, false)
 			return n == 1, err
 		}
 	}
@@ -619,19 +630,23 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 // back as the grant message, without a publish: the release wakes the
 // waiter itself.
 func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok, givingUp string) (bool, error) {
-	first := c.releasing(key, tok)
+	first, inTurn := c.releasing(key, tok)
 	args := []any{tok, givingUp, c.channel, c.waiterLease().Milliseconds()}
 	if first != nil {
-		args = append(args, first.tok, c.grantLease(first.ttl).Milliseconds(), first.ttl.Milliseconds())
+		turn := "0"
+		if inTurn {
+			turn = "1"
+		}
+		args = append(args, first.tok, c.grantLease(first.ttl).Milliseconds(), first.ttl.Milliseconds(), turn)
 	}
 	began := time.Now()
 	res, err := c.run(ctx, releaseScript, keys, args...).Slice()
-	if err == nil && len(res) != 2 {
+	if err == nil && len(res) != 3 {
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
 	if err != nil {
 		// Whether it ran is unknown: the waiters here check by themselves.
-		c.released(key, tok, nil, "", time.Time{})
+		c.released(key, tok, nil, "", time.Time{}, false)
 		if first != nil {
 			wake(first, grant{})
 		}
@@ -639,8 +654,9 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 	}
 	held, _ := res[0].(int64)
 	msg, _ := res[1].(string)
+	turnPass, _ := res[2].(int64)
 	if msg == "" {
-		c.released(key, tok, first, "", time.Time{})
+		c.released(key, tok, first, "", time.Time{}, false)
 		return held == 1, nil
 	}
 	// Handed to a waiter here: it holds the lock for its TTL from began.
@@ -650,7 +666,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 	if w != nil {
 		until = began.Add(w.ttl)
 	}
-	c.released(key, tok, first, next, until)
+	c.released(key, tok, first, next, until, turnPass == 1)
 	if w == nil {
 		// It has given up meanwhile: pass the lock on.
 		c.leave(ctx, key, keys, next)

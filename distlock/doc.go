@@ -63,17 +63,17 @@
 // and starves others).
 //
 // A Client queues at most one waiter per key in Redis. Its other waiters
-// for that key wait behind that one, or behind the Client's own lock on
-// the key, in arrival order, and ask Redis nothing: when the lock comes to
-// the Client, they get it in turn, each handed over by the release before
-// it, in the same script that releases (when nobody else is queued, that is
-// all the script does), without a message, and for the waiter's full TTL
-// at once. When another process's waiter is queued, the release hands the
-// lock to it instead and queues the Client's next waiter behind it. So
-// processes are served in the order they queued, and a process's
-// goroutines in the order they came; a process cannot pass a hot key among
-// its own goroutines while another waits, and such a key costs one round
-// trip per hand-over.
+// for that key wait behind that one, or behind the Client's own lock on the
+// key, in arrival order, and ask Redis nothing. When the lock comes to the
+// Client, its turn begins: the waiters it has at that moment get the lock
+// one after another, each handed it by the release before it, in one short
+// script, without a message, and for the waiter's full TTL at once. Then
+// the next release looks at the queue: if another process's waiter is
+// there, the lock goes to it and the Client's next waiter is queued behind
+// it. So processes take turns in the order they queued, each serving the
+// waiters it had when its turn began, and every waiter gets the key once
+// per round; a waiter that comes during its process's turn waits for the
+// next one. A hot key costs one round trip per hand-over within a process.
 //
 // A grant to another process is a short lease (Config.GrantLease) on the
 // waiter's token. The message names the waiter's latest attempt, so the

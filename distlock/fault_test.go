@@ -165,13 +165,13 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	// A TTL that a loaded CI machine still refreshes in time (every ~170ms):
 	// this test is about goroutines, not about losing the lock.
-	c, rdb, prefix := setup(t, distlock.Config{TTL: 500 * time.Millisecond})
+	c, _, _ := setup(t, distlock.Config{TTL: 500 * time.Millisecond})
 	ctx := t.Context()
 	// Subscribe first, by waiting once: that goroutine is the client's.
 	warm, err := c.Obtain(ctx, "warm", time.Second)
 	require.NoError(t, err)
 	w := obtainAsync(ctx, c, "warm", time.Second)
-	waitQueued(t, rdb, prefix, "warm", 1)
+	waitDeferred(t, c, "warm", 1)
 	require.NoError(t, handOver(ctx, t, warm, w).Release(ctx))
 	withClient := goleak.IgnoreCurrent()
 
@@ -186,7 +186,7 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 	require.NoError(t, err)
 	_ = l.Hold(ctx)
 	w = obtainAsync(ctx, c, "job", time.Second)
-	waitQueued(t, rdb, prefix, "job", 1)
+	waitDeferred(t, c, "job", 1)
 	require.NoError(t, handOver(ctx, t, l, w).Release(ctx))
 	goleak.VerifyNone(t, withClient)
 

@@ -52,6 +52,14 @@ func waitQueued(t testing.TB, rdb *redis.Client, prefix, key string, n int64) {
 		5*time.Second, time.Millisecond, "waiting for %d waiters in the queue", n)
 }
 
+// waitDeferred waits until n of c's waiters for key wait behind its head,
+// without being queued in Redis.
+func waitDeferred(t testing.TB, c *distlock.Client, key string, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool { return distlock.Deferred(c, key) == n },
+		5*time.Second, time.Millisecond, "waiting for %d deferred waiters", n)
+}
+
 type obtained struct {
 	l   *distlock.Lock
 	err error

@@ -15,15 +15,16 @@ import (
 //
 // A client has at most one waiter of a key in Redis's queue, or one lock on
 // it: its head. Its other waiters for the key defer behind the head, in
-// arrival order, and ask Redis nothing. When the head is a lock, its
-// release takes the first of them along: if the lock goes to another
-// process's waiter, that one is queued in Redis in the same script and
-// becomes the head; if it goes to this client's (the next in Redis's queue,
-// or the first deferred one when nobody is queued there), the others stay
-// behind the new holder. A hot key that a process's goroutines take turns
-// on therefore costs one round trip per hand-over, the release, and
-// processes take turns in the order they queued: one cannot pass a key
-// among its own goroutines while another process waits.
+// arrival order, and ask Redis nothing. When the lock comes to the client,
+// its turn begins: the waiters deferred at that moment get it one after
+// another, each handed over by the release before it in one short script,
+// without a look at Redis's queue. When they have all had it, the next
+// release looks: if another process's waiter is queued, the lock goes to it
+// and the client's next waiter is queued behind it, as the new head; if not,
+// a new turn begins. A hot key that a process's goroutines take turns on
+// therefore costs one round trip per hand-over, the release, and processes
+// take turns in the order they queued, each serving the waiters it had when
+// its turn began: every waiter gets the key once per round.
 
 const localShards = 32
 
@@ -38,6 +39,7 @@ type keyState struct {
 	holding  bool      // head holds the lock...
 	until    time.Time // ...until then, as far as it knew when it obtained it
 	deferred []*waiter // waiting behind head, oldest first
+	turn     int       // hand-overs to deferred waiters left in this client's turn
 }
 
 func (s *keyState) empty() bool { return !s.busy && s.head == "" && len(s.deferred) == 0 }
@@ -63,26 +65,55 @@ func (c *Client) shard(key string) *keyShard {
 }
 
 // enter is an Obtain's first look at key. If this client has a head for
-// key (a lock still valid, or a waiter in Redis's queue), the waiter is
-// registered and deferred behind it, and returned. Else it reports whether
-// key made this client's last waiter queue.
+// key (a lock still valid, or a waiter that is asking Redis or queued
+// there), the waiter is registered and deferred behind it, and returned.
+// Else the caller becomes the head, until it holds the key, is queued, or
+// leaves; enter reports whether key made this client's last waiter queue.
 func (c *Client) enter(key, tok string, ttl time.Duration) (w *waiter, busy bool, err error) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	st := sh.keys[key]
-	if st == nil {
-		return nil, false, nil
+	if st := sh.keys[key]; st != nil && st.alive() {
+		w = newWaiter(tok, ttl)
+		if err := c.register(w); err != nil {
+			return nil, false, err
+		}
+		st.deferred = append(st.deferred, w)
+		return w, false, nil
 	}
-	if st.head == "" || st.holding && !time.Now().Before(st.until) {
-		return nil, st.busy, nil
+	st := c.state(sh, key)
+	st.head, st.holding = tok, false
+	return nil, st.busy, nil
+}
+
+// alive reports whether the head is there to wait behind: a waiter, or a
+// lock within the validity it had when obtained.
+func (s *keyState) alive() bool {
+	return s.head != "" && (!s.holding || time.Now().Before(s.until))
+}
+
+// stay decides what a deferred waiter w does when it wakes without a grant
+// (its recheck, or its head let go without taking it along). Behind a head
+// still alive it stays, in its place, or at the end if it had lost it. If a
+// release took it along (sent), or nobody is left to wait behind, it must
+// ask Redis: in the second case as the head.
+func (c *Client) stay(key string, w *waiter) (stay, sent bool) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if w.sent {
+		return false, true
 	}
-	w = newWaiter(tok, ttl)
-	if err := c.register(w); err != nil {
-		return nil, false, err
+	st := c.state(sh, key)
+	if st.alive() && st.head != w.tok {
+		if !slices.Contains(st.deferred, w) {
+			st.deferred = append(st.deferred, w)
+		}
+		return true, false
 	}
-	st.deferred = append(st.deferred, w)
-	return w, false, nil
+	st.deferred = slices.DeleteFunc(st.deferred, func(d *waiter) bool { return d == w })
+	st.head, st.holding = w.tok, false
+	return false, false
 }
 
 // held records that tok holds key here, valid until until.
@@ -92,21 +123,15 @@ func (c *Client) held(key, tok string, until time.Time) {
 	defer sh.mu.Unlock()
 	st := c.state(sh, key)
 	st.head, st.holding, st.until = tok, true, until
+	st.turn = len(st.deferred)
 }
 
 // queuedHere records that tok, a waiter of this client, is in key's queue
-// in Redis: the head, unless the client has one.
+// in Redis: the head, unless the client has another.
 func (c *Client) queuedHere(key, tok string) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.keys[key] == nil && len(sh.keys) >= maxBusy/localShards {
-		for k, s := range sh.keys {
-			if s.head == "" && len(s.deferred) == 0 {
-				delete(sh.keys, k)
-			}
-		}
-	}
 	st := c.state(sh, key)
 	st.busy = true
 	if st.head == "" {
@@ -125,29 +150,31 @@ func (c *Client) hasDeferred(key, tok string) bool {
 
 // releasing returns the first waiter deferred behind tok, marked sent, if
 // tok is key's head here: the release (or departure) of tok about to run
-// takes it along. tok stays the head until released: waiters that come
+// takes it along, and, if inTurn, may hand it the lock without looking at
+// Redis's queue. tok stays the head until released: waiters that come
 // meanwhile defer too.
-func (c *Client) releasing(key, tok string) *waiter {
+func (c *Client) releasing(key, tok string) (w *waiter, inTurn bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	st := sh.keys[key]
 	if st == nil || st.head != tok || len(st.deferred) == 0 {
-		return nil
+		return nil, false
 	}
-	w := st.deferred[0]
+	w = st.deferred[0]
 	w.sent = true
-	return w
+	return w, st.turn > 0
 }
 
 // released records the end of the release (or departure) of tok, key's
 // head here, which took along first (or nil). If the lock went to a waiter
 // here, next, that one is the head now, holding until until, and first, if
-// it is not next, waits behind it again. If first was queued in Redis, it
-// is the head, waiting. Else the client has no head for key, and the
-// waiters that deferred while the release was under way are told to check
-// by themselves.
-func (c *Client) released(key, tok string, first *waiter, next string, until time.Time) {
+// it is not next, waits behind it again; inTurn says whether the hand-over
+// was one of this client's turn, else a new turn starts. If first was
+// queued in Redis, it is the head, waiting. Else the client has no head for
+// key, and the waiters that deferred while the release was under way are
+// told to check by themselves.
+func (c *Client) released(key, tok string, first *waiter, next string, until time.Time, inTurn bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	st := sh.keys[key]
@@ -162,6 +189,11 @@ func (c *Client) released(key, tok string, first *waiter, next string, until tim
 		st.deferred = slices.DeleteFunc(st.deferred, func(w *waiter) bool { return w.tok == next })
 		if first != nil && first.tok != next {
 			first.sent = false
+		}
+		if inTurn {
+			st.turn--
+		} else {
+			st.turn = len(st.deferred)
 		}
 	case first != nil:
 		st.head, st.holding = first.tok, false
@@ -209,12 +241,21 @@ func (c *Client) notBusy(key string) {
 	}
 }
 
-// state returns key's state in sh, making it; sh.mu must be held.
+// state returns key's state in sh, making it; sh.mu must be held. A shard
+// that has grown past its share of maxBusy first forgets the keys it keeps
+// only because a waiter once queued on them.
 func (c *Client) state(sh *keyShard, key string) *keyState {
 	st := sh.keys[key]
 	if st == nil {
 		if sh.keys == nil {
 			sh.keys = map[string]*keyState{}
+		}
+		if len(sh.keys) >= maxBusy/localShards {
+			for k, s := range sh.keys {
+				if s.head == "" && len(s.deferred) == 0 {
+					delete(sh.keys, k)
+				}
+			}
 		}
 		st = &keyState{}
 		sh.keys[key] = st

@@ -77,8 +77,9 @@ func TestRefreshExtendsButNeverRevives(t *testing.T) {
 func TestKeysShareAHashTag(t *testing.T) {
 	t.Parallel()
 	c, rdb, prefix := setup(t, distlock.Config{})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix})
 	ctx := t.Context()
-	holder, err := c.TryObtain(ctx, "a:b", time.Minute)
+	holder, err := other.TryObtain(ctx, "a:b", time.Minute)
 	require.NoError(t, err)
 	waiter := obtainAsync(ctx, c, "a:b", time.Minute)
 	waitQueued(t, rdb, prefix, "a:b", 1)

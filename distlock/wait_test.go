@@ -41,8 +41,7 @@ func TestWaitersAreServedInOrder(t *testing.T) {
 		if i == 0 {
 			waitQueued(t, rdb, prefix, "job", 4)
 		} else {
-			require.Eventually(t, func() bool { return distlock.Deferred(c, "job") == i },
-				5*time.Second, time.Millisecond, "waiting for %d deferred waiters", i)
+			waitDeferred(t, c, "job", i)
 		}
 	}
 	require.Equal(t, int64(4), queued(t, rdb, prefix, "job"), "a client queues one waiter of a key at a time")
@@ -86,8 +85,7 @@ func TestLocalGrantIsNotPublished(t *testing.T) {
 	holder, err := c.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
 	local := obtainAsync(ctx, c, "job", time.Minute)
-	require.Eventually(t, func() bool { return distlock.Deferred(c, "job") == 1 },
-		5*time.Second, time.Millisecond, "the waiter did not defer behind its client's lock")
+	waitDeferred(t, c, "job", 1)
 	mine := handOver(ctx, t, holder, local)
 	require.Greater(t, mine.Fence(), holder.Fence())
 	select {
@@ -118,8 +116,7 @@ func TestWaiterBehindItsOwnClientIsQueuedByTheRelease(t *testing.T) {
 	local := obtainAsync(ctx, c, "job", time.Minute)
 	gaveUp, giveUp := context.WithCancel(ctx)
 	leaving := obtainAsync(gaveUp, c, "job", time.Minute)
-	require.Eventually(t, func() bool { return distlock.Deferred(c, "job") == 2 },
-		5*time.Second, time.Millisecond, "the waiters did not defer behind their client's lock")
+	waitDeferred(t, c, "job", 2)
 	require.Zero(t, queued(t, rdb, prefix, "job"), "a waiter behind its own client's lock queued by itself")
 	giveUp()
 	require.ErrorIs(t, receive(t, leaving, 5*time.Second).err, context.Canceled)
@@ -267,8 +264,9 @@ func TestGrantToADeadWaiterLapses(t *testing.T) {
 	c, rdb, prefix := setup(t, distlock.Config{Recheck: 50 * time.Millisecond})
 	dead := &faulty{UniversalClient: rdb, deaf: prefix + "nowhere"}
 	ghost := newClient(t, dead, distlock.Config{Prefix: prefix, Recheck: time.Minute, GrantLease: grantLease})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix})
 	ctx := t.Context()
-	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	holder, err := other.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
 	ghostCtx, cancelGhost := context.WithCancel(ctx)
 	gw := obtainAsync(ghostCtx, ghost, "job", time.Hour)
@@ -422,4 +420,38 @@ func TestBusyKeysAreBounded(t *testing.T) {
 		require.NoError(t, held.Release(ctx))
 	}
 	require.LessOrEqual(t, distlock.Known(c), 1024+32)
+}
+
+// When the key comes to a client, its turn begins: the waiters it has then
+// get the key one after another, even while another client's waiter is
+// queued; then the key goes to that other client, and a waiter that came
+// during the turn waits for the next one.
+func TestClientsTakeTurns(t *testing.T) {
+	t.Parallel()
+	cfg := distlock.Config{Recheck: time.Minute}
+	a, rdb, prefix := setup(t, cfg)
+	cfg.Prefix = prefix
+	b := newClient(t, rdb, cfg)
+	ctx := t.Context()
+	holder, err := b.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	a1 := obtainAsync(ctx, a, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	a2 := obtainAsync(ctx, a, "job", time.Minute)
+	waitDeferred(t, a, "job", 1)
+	a3 := obtainAsync(ctx, a, "job", time.Minute)
+	waitDeferred(t, a, "job", 2)
+	b1 := obtainAsync(ctx, b, "job", time.Minute)
+	waitDeferred(t, b, "job", 1)
+
+	l := handOver(ctx, t, holder, a1) // b's turn had nobody: a's begins, with a2 and a3
+	require.Equal(t, int64(1), queued(t, rdb, prefix, "job"), "b's waiter queued behind a")
+	a4 := obtainAsync(ctx, a, "job", time.Minute) // during a's turn: the next one
+	waitDeferred(t, a, "job", 3)
+	for i, next := range []<-chan obtained{a2, a3, b1, a4} {
+		got := handOver(ctx, t, l, next)
+		require.Greater(t, got.Fence(), l.Fence(), "hand-over %d", i)
+		l = got
+	}
+	require.NoError(t, l.Release(ctx))
 }

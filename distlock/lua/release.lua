@@ -8,10 +8,11 @@
 --   ARGV[1] token, ARGV[2] '1' when a waiter gives up (it may be queued),
 --   ARGV[3] the caller's grant channel, ARGV[4] waiter lease ms; then,
 --   optionally, the caller's waiter: ARGV[5] its token, ARGV[6] its grant
---   lease ms, ARGV[7] its ttl ms.
--- Returns {held, grant}: held 1 when the token held the lock, else 0; grant
--- the message of a grant to a waiter of the caller's own process, which the
--- caller wakes, or ''.
+--   lease ms, ARGV[7] its ttl ms, ARGV[8] '1' when it is in the caller's
+--   process's turn: a holder hands it the lock without a look at the queue.
+-- Returns {held, grant, turn}: held 1 when the token held the lock, else 0;
+-- grant the message of a grant to a waiter of the caller's own process,
+-- which the caller wakes, or ''; turn 1 when that was a hand-over in turn.
 local token, channel, next = ARGV[1], ARGV[3], ARGV[5]
 if ARGV[2] == '1' and redis.call('HDEL', KEYS[4], token) == 1 then
   redis.call('LREM', KEYS[3], 1, token)
@@ -39,7 +40,11 @@ if holds(cur, token) then
   held = 1
 elseif cur then
   queue_next(cur) -- someone else's: their release serves the queue
-  return {0, ''}
+  return {0, '', 0}
+end
+if held == 1 and next and ARGV[8] == '1' then
+  redis.call('SET', KEYS[1], next, 'PX', ARGV[7])
+  return {1, next .. ' 1 ' .. string.format('%.0f', next_fence()), 1}
 end
 -- Ours to hand on, or free (its lease ran out): the oldest live waiter in
 -- the queue gets it, else the caller's.
@@ -47,13 +52,13 @@ local r = grant_next(false, channel)
 if r == 'granted' then
   -- A grant's lock is always released by this script: no mark needed.
   queue_next(false)
-  return {held, ''}
+  return {held, '', 0}
 elseif r then
-  return {held, r}
+  return {held, r, 0}
 end
 if next then
   redis.call('SET', KEYS[1], next, 'PX', ARGV[7])
-  return {held, next .. ' 1 ' .. string.format('%.0f', next_fence())}
+  return {held, next .. ' 1 ' .. string.format('%.0f', next_fence()), 0}
 end
 if held == 1 then redis.call('DEL', KEYS[1]) end
-return {held, ''}
+return {held, '', 0}
