@@ -630,7 +630,13 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 // back as the grant message, without a publish: the release wakes the
 // waiter itself.
 func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok, givingUp string) (bool, error) {
-	first, inTurn := c.releasing(key, tok)
+	var first *waiter
+	inTurn := false
+	if c.listening() {
+		// A waiter taken along may be queued, and a grant published to it
+		// before its client's subscription is confirmed would be lost.
+		first, inTurn = c.releasing(key, tok)
+	}
 	args := []any{tok, givingUp, c.channel, c.waiterLease().Milliseconds()}
 	if first != nil {
 		turn := "0"

@@ -23,3 +23,6 @@ func Known(c *Client) int {
 	}
 	return n
 }
+
+// Listening reports whether c's subscription is confirmed.
+func Listening(c *Client) bool { return c.listening() }

@@ -66,6 +66,13 @@ func (c *Client) subscriber() *subscriber {
 	return c.sub
 }
 
+// listening reports whether the subscription is confirmed: grants
+// published now reach this client.
+func (c *Client) listening() bool {
+	s := c.subscriber()
+	return s != nil && s.healthy.Load()
+}
+
 func (c *Client) unregister(tok string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

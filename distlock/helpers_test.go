@@ -24,6 +24,15 @@ func setup(t testing.TB, cfg distlock.Config) (*distlock.Client, *redis.Client, 
 	return newClient(t, rdb, cfg), rdb, prefix
 }
 
+// twoClients returns two clients on the shared Redis under one prefix of
+// the test's own, as two processes would have.
+func twoClients(t testing.TB, cfg distlock.Config) (c, other *distlock.Client, rdb *redis.Client, prefix string) {
+	t.Helper()
+	c, rdb, prefix = setup(t, cfg)
+	cfg.Prefix = prefix
+	return c, newClient(t, rdb, cfg), rdb, prefix
+}
+
 // newClient makes a client, closed when t ends (before the Redis client it
 // uses: cleanups run last-registered first).
 func newClient(t testing.TB, rdb distlock.RedisClient, cfg distlock.Config) *distlock.Client {
@@ -58,6 +67,14 @@ func waitDeferred(t testing.TB, c *distlock.Client, key string, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool { return distlock.Deferred(c, key) == n },
 		5*time.Second, time.Millisecond, "waiting for %d deferred waiters", n)
+}
+
+// waitListening waits until c's subscription is confirmed: from then on a
+// release takes c's deferred waiters along.
+func waitListening(t testing.TB, c *distlock.Client) {
+	t.Helper()
+	require.Eventually(t, func() bool { return distlock.Listening(c) },
+		5*time.Second, time.Millisecond, "the client's subscription was not confirmed")
 }
 
 type obtained struct {

@@ -25,9 +25,8 @@ func TestWaitersAreServedInOrder(t *testing.T) {
 	// A long recheck: the hand-overs below must come from the releases, not
 	// from the waiters checking by themselves.
 	cfg := distlock.Config{Recheck: time.Minute}
-	c, rdb, prefix := setup(t, cfg)
+	c, holding, rdb, prefix := twoClients(t, cfg)
 	cfg.Prefix = prefix
-	holding := newClient(t, rdb, cfg)
 	ctx := t.Context()
 	holder, err := holding.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
@@ -74,8 +73,7 @@ func TestWaitersAreServedInOrder(t *testing.T) {
 // process) is told on its client's channel.
 func TestLocalGrantIsNotPublished(t *testing.T) {
 	t.Parallel()
-	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
-	other := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
 	ctx := t.Context()
 	grants := rdb.PSubscribe(ctx, prefix+"grants:*")
 	defer grants.Close()
@@ -108,8 +106,7 @@ func TestLocalGrantIsNotPublished(t *testing.T) {
 // process cannot pass a key among its own goroutines ahead of others.
 func TestWaiterBehindItsOwnClientIsQueuedByTheRelease(t *testing.T) {
 	t.Parallel()
-	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
-	other := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
 	ctx := t.Context()
 	holder, err := c.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
@@ -117,6 +114,7 @@ func TestWaiterBehindItsOwnClientIsQueuedByTheRelease(t *testing.T) {
 	gaveUp, giveUp := context.WithCancel(ctx)
 	leaving := obtainAsync(gaveUp, c, "job", time.Minute)
 	waitDeferred(t, c, "job", 2)
+	waitListening(t, c)
 	require.Zero(t, queued(t, rdb, prefix, "job"), "a waiter behind its own client's lock queued by itself")
 	giveUp()
 	require.ErrorIs(t, receive(t, leaving, 5*time.Second).err, context.Canceled)
@@ -153,8 +151,7 @@ func TestDeferredWaiterChecksByItself(t *testing.T) {
 // the lock to it.
 func TestCancelledWaitReturnsPromptly(t *testing.T) {
 	t.Parallel()
-	c, rdb, prefix := setup(t, distlock.Config{Recheck: time.Minute})
-	other := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
 	holder, err := other.TryObtain(t.Context(), "job", time.Minute)
 	require.NoError(t, err)
 
@@ -428,10 +425,7 @@ func TestBusyKeysAreBounded(t *testing.T) {
 // during the turn waits for the next one.
 func TestClientsTakeTurns(t *testing.T) {
 	t.Parallel()
-	cfg := distlock.Config{Recheck: time.Minute}
-	a, rdb, prefix := setup(t, cfg)
-	cfg.Prefix = prefix
-	b := newClient(t, rdb, cfg)
+	a, b, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
 	ctx := t.Context()
 	holder, err := b.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
@@ -443,6 +437,8 @@ func TestClientsTakeTurns(t *testing.T) {
 	waitDeferred(t, a, "job", 2)
 	b1 := obtainAsync(ctx, b, "job", time.Minute)
 	waitDeferred(t, b, "job", 1)
+	waitListening(t, a)
+	waitListening(t, b)
 
 	l := handOver(ctx, t, holder, a1) // b's turn had nobody: a's begins, with a2 and a3
 	require.Equal(t, int64(1), queued(t, rdb, prefix, "job"), "b's waiter queued behind a")

@@ -28,18 +28,6 @@ if not cur then
 end
 if ARGV[3] == '1' then
   local lease = tonumber(ARGV[5])
-  local entry = waiter_entry(now_ms() + lease, ARGV[6], ttl, ARGV[7], ARGV[4])
-  -- A new field is a new waiter; an existing one only renews its place.
-  if redis.call('HSET', KEYS[4], token, entry) == 1 then
-    redis.call('RPUSH', KEYS[3], token)
-  end
-  -- Every renewal pushes the queue's expiry past every live waiter's
-  -- deadline, so an abandoned queue disappears by itself.
-  redis.call('PEXPIRE', KEYS[3], lease)
-  redis.call('PEXPIRE', KEYS[4], lease)
-  -- Mark the holder's lock: its release must hand it over, not just delete.
-  if cur and string.sub(cur, -2) ~= '|q' then
-    redis.call('SET', KEYS[1], cur .. '|q', 'KEEPTTL')
-  end
+  enqueue(token, waiter_entry(now_ms() + lease, ARGV[6], ttl, ARGV[7], ARGV[4]), lease, cur)
 end
 return {0, 0}

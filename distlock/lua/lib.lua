@@ -59,6 +59,22 @@ local function waiter_entry(deadline, grant_ms, ttl_ms, seq, channel)
   return deadline .. ' ' .. grant_ms .. ' ' .. ttl_ms .. ' ' .. seq .. ' ' .. channel
 end
 
+-- enqueue puts waiter t in line with its entry, or renews its place if it
+-- is there already; pushes the queue's expiry past its lease, so that an
+-- abandoned queue disappears by itself; and marks cur, the lock's value, if
+-- it is not marked yet: a lock taken while nobody waited (take.lua) is
+-- released with a bare compare-and-delete unless marked.
+local function enqueue(t, entry, lease, cur)
+  if redis.call('HSET', KEYS[4], t, entry) == 1 then
+    redis.call('RPUSH', KEYS[3], t)
+  end
+  redis.call('PEXPIRE', KEYS[3], lease)
+  redis.call('PEXPIRE', KEYS[4], lease)
+  if cur and string.sub(cur, -2) ~= '|q' then
+    redis.call('SET', KEYS[1], cur .. '|q', 'KEEPTTL')
+  end
+end
+
 -- grant_next pops waiters, oldest first, skipping those whose process has
 -- stopped renewing its place, until it finds a live one. If that one is self,
 -- it returns 'self' and the caller takes the lock; otherwise it hands the

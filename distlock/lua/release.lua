@@ -18,20 +18,12 @@ if ARGV[2] == '1' and redis.call('HDEL', KEYS[4], token) == 1 then
   redis.call('LREM', KEYS[3], 1, token)
 end
 
--- queue_next queues the caller's waiter. A lock that is not a grant's may
--- have been taken while nobody waited (take.lua), and is released with a bare
--- compare-and-delete unless marked: mark it (cur, its value).
+-- queue_next queues the caller's waiter, as its attempt 1, behind cur, the
+-- lock's value (false for a grant's lock, which needs no mark).
 local function queue_next(cur)
   if not next then return end
   local lease = tonumber(ARGV[4])
-  if redis.call('HSET', KEYS[4], next, waiter_entry(now_ms() + lease, ARGV[6], ARGV[7], 1, channel)) == 1 then
-    redis.call('RPUSH', KEYS[3], next)
-  end
-  redis.call('PEXPIRE', KEYS[3], lease)
-  redis.call('PEXPIRE', KEYS[4], lease)
-  if cur and string.sub(cur, -2) ~= '|q' then
-    redis.call('SET', KEYS[1], cur .. '|q', 'KEEPTTL')
-  end
+  enqueue(next, waiter_entry(now_ms() + lease, ARGV[6], ARGV[7], 1, channel), lease, cur)
 end
 
 local cur = redis.call('GET', KEYS[1])
