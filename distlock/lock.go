@@ -52,7 +52,7 @@ type Lock struct {
 
 	// A lock handed over by a release is held at first for the short grant
 	// lease only; accept extends it to its TTL beside the holder's work, from
-	// a timer that Hold fires at once and Release stops, or waits for.
+	// a timer that Release stops, or waits for.
 	accepting   chan struct{} // closed when the extension has finished; nil if none
 	acceptTimer *time.Timer   // runs the extension; stopped, it never will
 	acceptFrom  time.Time     // when accept was called: the extension starts no earlier
@@ -80,9 +80,8 @@ func newLock(owner lockOwner, key string, keys []string, tok string, fence int64
 // the grant lease (deadline): past it, an answer would prove nothing. It
 // waits a little first, on a timer rather than a goroutine, because a hot
 // key's holder often releases within microseconds, and then the extension
-// is a wasted round trip and Release only stops the timer; Hold asks for it
-// at once. A failure before the release is a lost lock: a hold's ctx is
-// cancelled with it.
+// is a wasted round trip and Release only stops the timer. A failure before
+// the release is a lost lock: a hold's ctx is cancelled with it.
 func (l *Lock) accept(deadline time.Time) {
 	l.accepting = make(chan struct{})
 	l.acceptFrom = time.Now()
@@ -224,14 +223,13 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 		select {
 		case <-l.accepting:
 		default:
-			// The extension is pending or under way: have it sent now if it
-			// was waiting, and count the lease from no later than it starts.
-			// Should it fail, the hold's ctx is cancelled with its error
-			// before the grant lease, which is all the lock had, runs out.
+			// The extension is pending or under way, on its timer, well
+			// inside the grant lease: work that ends sooner never waits for
+			// it. Count the lease from no later than the extension starts.
+			// Should it fail, or come too late, the hold's ctx is cancelled
+			// with its error before the grant lease, which is all the lock
+			// had, runs out.
 			obtained = l.acceptFrom
-			if l.acceptTimer.Stop() {
-				go l.extendGrant()
-			}
 		}
 		parent, l.holdCancel = context.WithCancelCause(ctx)
 		l.amu.Lock()
