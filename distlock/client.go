@@ -374,6 +374,12 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		// The script may have run and only the reply been lost: let go of
 		// whatever it may have taken rather than leave it for the TTL.
 		c.leave(ctx, key, keys, tok)
+		if cause := ctxErr(ctx); wait && cause != nil {
+			// Obtain's ctx ended before it had the lock: a wait cut short,
+			// whether or not it had begun.
+			c.observe(Event{Kind: EventGaveUp, Key: key, Err: cause})
+			return nil, fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
+		}
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	case l == nil:
 		c.observe(Event{Kind: EventBusy, Key: key})

@@ -144,7 +144,9 @@ func (f *faulty) thaw() {
 	}
 }
 
-// pass blocks while the client is frozen, until thawed or ctx ends.
+// pass blocks while the client is frozen, until thawed or ctx ends, or its
+// deadline passes as a socket deadline would (a clean-up call's ctx has a
+// deadline and no Done).
 func (f *faulty) pass(ctx context.Context) error {
 	f.mu.Lock()
 	gate := f.gate
@@ -152,11 +154,19 @@ func (f *faulty) pass(ctx context.Context) error {
 	if gate == nil {
 		return nil
 	}
+	var timeout <-chan time.Time
+	if deadline, ok := ctx.Deadline(); ok {
+		t := time.NewTimer(time.Until(deadline))
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
 	case <-gate:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-timeout:
+		return context.DeadlineExceeded
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/testserver"
 )
 
 // Waiters are served in the order they arrived, each handed the lock by the
@@ -175,6 +176,26 @@ func TestCancelledWaitReturnsPromptly(t *testing.T) {
 
 	require.NoError(t, holder.Release(t.Context()))
 	require.Zero(t, rdb.Exists(t.Context(), lockKey(prefix, "job")).Val(), "the lock went to a waiter that had left")
+}
+
+// An Obtain whose ctx ends before it has the lock gave up waiting, even
+// when that happens during its first attempt: busy and ctx's error, both.
+// TryObtain, which never waits, reports ctx's error only.
+func TestObtainCutShortBeforeWaiting(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	slow := &faulty{UniversalClient: rdb}
+	c := newClient(t, slow, distlock.Config{Prefix: prefix})
+	slow.freeze() // the first attempt does not come back before the deadline
+	defer slow.thaw()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	_, err := c.Obtain(ctx, "job", time.Minute)
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	_, err = c.TryObtain(ctx, "job", time.Minute)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NotErrorIs(t, err, contend.ErrConflict)
 }
 
 // Without a deadline of the caller's, a wait still ends: MaxWait.
