@@ -53,8 +53,10 @@ type Config struct {
 	// in the queue, which lapses after three Rechecks without one (the
 	// waiter's process died). Default: 500ms.
 	Recheck time.Duration
-	// GrantLease is how long a lock handed to one of this client's waiters
-	// stays the waiter's before it accepts it (and extends it to its TTL).
+	// GrantLease is how long a lock that another process's release hands
+	// to one of this client's waiters stays the waiter's before it accepts
+	// it (and extends it to its TTL); a hand-over within this client is for
+	// the waiter's TTL at once.
 	// It is short so that a waiter whose process died holds the key only
 	// briefly; longer than Recheck so that a waiter whose grant message was
 	// lost finds the grant still there when it checks. Default: 2 × Recheck,

@@ -58,7 +58,7 @@
 // in line: a failed attempt enqueues the waiter in the same script, and the
 // release hands the lock straight to the oldest live waiter, increments the
 // fencing counter and publishes the grant on that waiter's process channel,
-// so hot keys are handed over in arrival order within about one round trip,
+// so hot keys are handed over in order (below) within about one round trip,
 // instead of being polled for (polling lets the releaser take the lock back
 // and starves others).
 //
