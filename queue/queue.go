@@ -542,7 +542,7 @@ func (q *Queue) runItems(ctx context.Context, pc *partitionCounters, items, batc
 		if len(batch) == 0 {
 			continue
 		}
-		pc.inFlight.Add(int64(len(batch)))
+		pc.InFlight.Add(int64(len(batch)))
 		if q.aborted() {
 			for _, it := range batch {
 				it.answer(outcome{err: ErrClosed})
@@ -550,7 +550,7 @@ func (q *Queue) runItems(ctx context.Context, pc *partitionCounters, items, batc
 		} else {
 			q.runBatch(ctx, pc, batch)
 		}
-		pc.inFlight.Add(-int64(len(batch)))
+		pc.InFlight.Add(-int64(len(batch)))
 		clear(batch)
 	}
 	return batch
@@ -583,7 +583,7 @@ func (q *Queue) retryable(err error) bool {
 // fn, in order; the counters are updated once for all of them. It returns
 // the index of the first item it did not run.
 func (q *Queue) runPlain(ctx context.Context, pc *partitionCounters, items []item, i int) int {
-	pc.inFlight.Add(1)
+	pc.InFlight.Add(1)
 	handled := 0
 	for ; i < len(items) && !items[i].isFn(); i++ {
 		it := items[i]
@@ -597,8 +597,8 @@ func (q *Queue) runPlain(ctx context.Context, pc *partitionCounters, items []ite
 			handled++
 		}
 	}
-	pc.handled.Add(int64(handled))
-	pc.inFlight.Add(-1)
+	pc.Handled.Add(int64(handled))
+	pc.InFlight.Add(-1)
 	return i
 }
 
@@ -631,7 +631,7 @@ func (q *Queue) redeliver(ctx context.Context, pc *partitionCounters, job Job, e
 	var value []byte
 	_, err = retry.Do(ctx, func(ctx context.Context) error {
 		job.Attempt++
-		pc.redeliveries.Add(1)
+		pc.Redeliveries.Add(1)
 		var err error
 		if value, err = q.cfg.Handler.Call(ctx, job); err != nil {
 			q.failed(job, err)
@@ -654,7 +654,7 @@ func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []ite
 		for i := range jobs {
 			jobs[i].Attempt++
 			if jobs[i].Attempt > 1 {
-				pc.redeliveries.Add(1)
+				pc.Redeliveries.Add(1)
 			}
 		}
 		var err error
@@ -666,7 +666,7 @@ func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []ite
 		return err
 	}, q.retryable)
 	if err == nil {
-		pc.handled.Add(int64(len(items)))
+		pc.Handled.Add(int64(len(items)))
 		for i, it := range items {
 			it.answer(outcome{value: results[i].Value, err: results[i].Err})
 		}
@@ -686,7 +686,7 @@ func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []ite
 }
 
 func (q *Queue) deadLetter(pc *partitionCounters, job Job, err error) error {
-	pc.deadLetters.Add(1)
+	pc.DeadLetters.Add(1)
 	if q.cfg.Observe != nil {
 		q.cfg.Observe(Event{Kind: EventDeadLettered, Key: job.Key, Partition: q.Partition(job.Key), Attempt: job.Attempt, Err: err})
 	}

@@ -38,8 +38,27 @@ type counters struct {
 	partitions []partitionCounters
 }
 
+// Counters are one partition's running totals, as both backends keep them
+// (queue/redisq too): jobs running, handled, delivered again, and dead
+// letters. Safe for concurrent use.
+type Counters struct {
+	InFlight, Handled, Redeliveries, DeadLetters atomic.Int64
+}
+
+// Snapshot returns the totals as a partition's Stats, with depth, which the
+// backend measures its own way.
+func (c *Counters) Snapshot(depth int) PartitionStats {
+	return PartitionStats{
+		Depth:        depth,
+		InFlight:     c.InFlight.Load(),
+		Handled:      c.Handled.Load(),
+		Redeliveries: c.Redeliveries.Load(),
+		DeadLetters:  c.DeadLetters.Load(),
+	}
+}
+
 type partitionCounters struct {
-	inFlight, handled, redeliveries, deadLetters atomic.Int64
+	Counters
 	// taken is how many jobs the worker took from the buffer and has not
 	// started: they still count in the depth.
 	taken atomic.Int64
@@ -60,13 +79,7 @@ func (q *Queue) Stats() Stats {
 	s := Stats{Partitions: make([]PartitionStats, len(q.parts))}
 	for i := range q.parts {
 		pc := &q.stats.partitions[i]
-		ps := PartitionStats{
-			Depth:        q.parts[i].depth() + int(pc.taken.Load()),
-			InFlight:     pc.inFlight.Load(),
-			Handled:      pc.handled.Load(),
-			Redeliveries: pc.redeliveries.Load(),
-			DeadLetters:  pc.deadLetters.Load(),
-		}
+		ps := pc.Snapshot(q.parts[i].depth() + int(pc.taken.Load()))
 		s.Partitions[i] = ps
 		s.PartitionStats.Add(ps)
 	}

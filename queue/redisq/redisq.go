@@ -159,7 +159,7 @@ type Queue struct {
 	ownMu sync.Mutex      // protects owned
 	owned []chan struct{} // per partition: nil when not held, else closed to hand it back
 
-	counters []counters // per partition: what this instance did
+	counters []queue.Counters // per partition: what this instance did
 
 	waiting    map[string]chan string // submitters by request id; the listener runs once it is set
 	stopListen context.CancelFunc     // ends the listener
@@ -177,7 +177,7 @@ func New(cfg Config) (*Queue, error) {
 		return nil, fmt.Errorf("redisq: %w", err)
 	}
 	return &Queue{cfg: cfg, locks: locks, consumer: token.New(), ran: make(chan struct{}), listenDone: make(chan struct{}),
-		owned: make([]chan struct{}, cfg.Partitions), counters: make([]counters, cfg.Partitions)}, nil
+		owned: make([]chan struct{}, cfg.Partitions), counters: make([]queue.Counters, cfg.Partitions)}, nil
 }
 
 var _ queue.Backend = (*Queue)(nil)
@@ -601,13 +601,13 @@ func (q *Queue) deliver(ctx context.Context, p int, ds []delivery, on func() boo
 		latest := 0
 		for _, d := range ds {
 			if d.job.Attempt > 1 {
-				pc.redeliveries.Add(1)
+				pc.Redeliveries.Add(1)
 			}
 			latest = max(latest, d.job.Attempt)
 		}
 		results, err := q.handle(ctx, pc, ds)
 		if err == nil {
-			pc.handled.Add(int64(len(ds)))
+			pc.Handled.Add(int64(len(ds)))
 			return q.finish(ctx, p, ds, results, nil)
 		}
 		if ctx.Err() != nil {
@@ -618,7 +618,7 @@ func (q *Queue) deliver(ctx context.Context, p int, ds []delivery, on func() boo
 		}
 		switch last := q.cfg.Retry.Attempts(); {
 		case len(ds) == 1 && latest >= last:
-			pc.deadLetters.Add(1)
+			pc.DeadLetters.Add(1)
 			q.observe(queue.EventDeadLettered, p, ds[0].job, err)
 			return q.finish(ctx, p, ds, nil, err)
 		case len(ds) > 1 && latest+1 >= last:
@@ -641,9 +641,9 @@ func (q *Queue) deliver(ctx context.Context, p int, ds []delivery, on func() boo
 }
 
 // handle runs the handler on the jobs of ds: the plain one on a single job.
-func (q *Queue) handle(ctx context.Context, pc *counters, ds []delivery) ([]queue.Result, error) {
-	pc.inFlight.Add(int64(len(ds)))
-	defer pc.inFlight.Add(-int64(len(ds)))
+func (q *Queue) handle(ctx context.Context, pc *queue.Counters, ds []delivery) ([]queue.Result, error) {
+	pc.InFlight.Add(int64(len(ds)))
+	defer pc.InFlight.Add(-int64(len(ds)))
 	if q.cfg.BatchHandler == nil {
 		value, err := q.cfg.Handler.Call(ctx, ds[0].job)
 		return []queue.Result{{Value: value}}, err

@@ -3,17 +3,11 @@ package redisq
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend/queue"
 )
-
-// counters is what this instance did on one partition.
-type counters struct {
-	inFlight, handled, redeliveries, deadLetters atomic.Int64
-}
 
 // Stats returns a snapshot per partition, and summed, of what this instance
 // did and of what the streams hold.
@@ -51,14 +45,7 @@ func (q *Queue) Stats(ctx context.Context) (queue.Stats, error) {
 				depth = g.Lag + g.Pending
 			}
 		}
-		c := &q.counters[p]
-		ps := queue.PartitionStats{
-			Depth:        int(depth),
-			InFlight:     c.inFlight.Load(),
-			Handled:      c.handled.Load(),
-			Redeliveries: c.redeliveries.Load(),
-			DeadLetters:  c.deadLetters.Load(),
-		}
+		ps := q.counters[p].Snapshot(int(depth))
 		s.Partitions[p] = ps
 		s.PartitionStats.Add(ps)
 	}
