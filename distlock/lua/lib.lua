@@ -1,5 +1,5 @@
--- Shared by acquire.lua, release.lua and fence.lua, which are this file
--- followed by their own body. Keys, all under one hash tag so a Cluster keeps them on one
+-- Shared by acquire.lua, release.lua, fence.lua, refresh.lua and pttl.lua,
+-- which are this file followed by their own body. Keys, all under one hash tag so a Cluster keeps them on one
 -- slot:
 --   KEYS[1] the lock: the holder's token, with the lease as its expiry;
 --           followed by '|q' once a waiter has queued behind that holder,
@@ -75,6 +75,12 @@ local function enqueue(t, entry, lease, cur)
   end
 end
 
+-- grant_message hands the lock to t, the waiter whose attempt seq it
+-- answers: the message that tells it, with the next fencing token.
+local function grant_message(t, seq)
+  return t .. ' ' .. seq .. ' ' .. string.format('%.0f', next_fence())
+end
+
 -- grant_next pops waiters, oldest first, skipping those whose process has
 -- stopped renewing its place, until it finds a live one. If that one is self,
 -- it returns 'self' and the caller takes the lock; otherwise it hands the
@@ -99,13 +105,12 @@ local function grant_next(self, local_channel)
       local deadline, grant_ms, ttl_ms, seq, channel = string.match(w, '^(%d+) (%d+) (%d+) (%d+) (.*)$')
       if tonumber(deadline) >= now_ms() then
         if t == self then return 'self' end
-        local msg = t .. ' ' .. seq .. ' '
         if channel == local_channel then
           redis.call('SET', KEYS[1], t, 'PX', ttl_ms)
-          return msg .. string.format('%.0f', next_fence())
+          return grant_message(t, seq)
         end
         redis.call('SET', KEYS[1], t, 'PX', grant_ms)
-        redis.call('PUBLISH', channel, msg .. string.format('%.0f', next_fence()))
+        redis.call('PUBLISH', channel, grant_message(t, seq))
         return 'granted'
       end
     end

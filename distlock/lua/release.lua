@@ -26,6 +26,12 @@ local function queue_next(cur)
   enqueue(next, waiter_entry(now_ms() + lease, ARGV[6], ARGV[7], 1, channel), lease, cur)
 end
 
+-- pass_next hands the lock to the caller's waiter, for its TTL.
+local function pass_next(held, turn)
+  redis.call('SET', KEYS[1], next, 'PX', ARGV[7])
+  return {held, grant_message(next, 1), turn}
+end
+
 local cur = redis.call('GET', KEYS[1])
 local held = 0
 if holds(cur, token) then
@@ -35,8 +41,7 @@ elseif cur then
   return {0, '', 0}
 end
 if held == 1 and next and ARGV[8] == '1' then
-  redis.call('SET', KEYS[1], next, 'PX', ARGV[7])
-  return {1, next .. ' 1 ' .. string.format('%.0f', next_fence()), 1}
+  return pass_next(1, 1)
 end
 -- Ours to hand on, or free (its lease ran out): the oldest live waiter in
 -- the queue gets it, else the caller's.
@@ -49,8 +54,7 @@ elseif r then
   return {held, r, 0}
 end
 if next then
-  redis.call('SET', KEYS[1], next, 'PX', ARGV[7])
-  return {held, next .. ' 1 ' .. string.format('%.0f', next_fence()), 0}
+  return pass_next(held, 0)
 end
 if held == 1 then redis.call('DEL', KEYS[1]) end
 return {held, '', 0}
