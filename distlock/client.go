@@ -203,11 +203,11 @@ type Client struct {
 	seed  maphash.Seed
 	batch batcher // scripts sent together: see batch.go
 
-	mu      sync.Mutex         // protects the fields below
-	waiters map[string]*waiter // by token
-	sub     *subscriber        // nil until the first wait
-	closed  atomic.Bool        // set under mu; read without it on every obtain
-	closing chan struct{}      // closed by Close
+	mu      sync.Mutex                 // protects the fields below
+	waiters map[string]*waiter         // by token
+	sub     atomic.Pointer[subscriber] // nil until the first wait; set under mu
+	closed  atomic.Bool                // set under mu; read without it on every obtain
+	closing chan struct{}              // closed by Close
 }
 
 var _ contend.Guard = (*Client)(nil)
@@ -306,11 +306,11 @@ func (c *Client) Close(ctx context.Context) error {
 	if !c.closed.Load() {
 		c.closed.Store(true)
 		close(c.closing)
-		if c.sub != nil {
-			close(c.sub.stop)
+		if s := c.sub.Load(); s != nil {
+			close(s.stop)
 		}
 	}
-	s := c.sub
+	s := c.sub.Load()
 	var ps *redis.PubSub
 	if s != nil {
 		ps = s.ps

@@ -47,24 +47,21 @@ func (c *Client) register(w *waiter) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
-	if c.sub == nil {
-		c.sub = &subscriber{
+	if c.sub.Load() == nil {
+		s := &subscriber{
 			settled: make(chan struct{}),
 			stop:    make(chan struct{}),
 			done:    make(chan struct{}),
 		}
-		go c.listen(c.sub)
+		c.sub.Store(s)
+		go c.listen(s)
 	}
 	c.waiters[w.tok] = w
 	return nil
 }
 
 // subscriber returns the subscriber, which a registered waiter has started.
-func (c *Client) subscriber() *subscriber {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.sub
-}
+func (c *Client) subscriber() *subscriber { return c.sub.Load() }
 
 // listening reports whether the subscription is confirmed: grants
 // published now reach this client.
