@@ -602,7 +602,8 @@ func (c *Client) accepted(key string, keys []string, tok string, ttl time.Durati
 // are left to the leases (the queue entry and the grant expire by
 // themselves).
 func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
-	_, _ = c.runRelease(cleanupContext(ctx), key, keys, tok, "1")
+	first, inTurn := c.takeAlong(key, tok)
+	_, _ = c.runRelease(cleanupContext(ctx), key, keys, tok, "1", first, inTurn)
 }
 
 // refresh, release and pttl make the Client a lockOwner.
@@ -618,33 +619,37 @@ func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 // Redis, which marks the lock, or deferred behind l here) does the release
 // script run, to hand over.
 func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
-	if l.taken && !c.hasDeferred(l.key, l.token) {
+	first, inTurn := c.takeAlong(l.key, l.token)
+	if l.taken && first == nil {
 		n, err := c.run(ctx, freeScript, l.keys[:1], l.token).Int64()
 		if err != nil || n != -1 {
 			c.released(l.key, l.token, nil, "", time.Time{}, false)
 			return n == 1, err
 		}
 	}
-	return c.runRelease(ctx, l.key, l.keys, l.token, "0")
+	return c.runRelease(ctx, l.key, l.keys, l.token, "0", first, inTurn)
+}
+
+// takeAlong returns the waiter deferred here behind tok that its release
+// takes along (see runRelease), if any, and whether it is in this client's
+// turn. None while the subscription is unconfirmed: a waiter taken along
+// may be queued, and a grant published to it then would be lost.
+func (c *Client) takeAlong(key, tok string) (*waiter, bool) {
+	if !c.listening() {
+		return nil, false
+	}
+	return c.releasing(key, tok)
 }
 
 // runRelease runs the release script for tok, the holder or a waiter
-// giving up, and reports whether tok held the lock. The first waiter
-// deferred behind tok here goes along: if the lock goes to another
-// process's waiter, it is queued in Redis, and the other waiters here defer
-// behind it; if it goes to a waiter of this client (the oldest in Redis's
-// queue, or the one taken along when nobody is queued there), they all
-// defer behind that one. A lock handed to a waiter of this client comes
-// back as the grant message, without a publish: the release wakes the
-// waiter itself.
-func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok, givingUp string) (bool, error) {
-	var first *waiter
-	inTurn := false
-	if c.listening() {
-		// A waiter taken along may be queued, and a grant published to it
-		// before its client's subscription is confirmed would be lost.
-		first, inTurn = c.releasing(key, tok)
-	}
+// giving up, and reports whether tok held the lock. first, the waiter that
+// takeAlong gave, goes along: if the lock goes to another process's waiter,
+// first is queued in Redis and the other waiters here defer behind it; if
+// it goes to a waiter of this client (the oldest in Redis's queue, or
+// first, in turn or when nobody is queued there), they all defer behind
+// that one. A lock handed to a waiter of this client comes back as the
+// grant message, without a publish: the release wakes the waiter itself.
+func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok, givingUp string, first *waiter, inTurn bool) (bool, error) {
 	args := []any{tok, givingUp, c.channel, c.waiterLease().Milliseconds()}
 	if first != nil {
 		turn := "0"

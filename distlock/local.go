@@ -139,15 +139,6 @@ func (c *Client) queuedHere(key, tok string) {
 	}
 }
 
-// hasDeferred reports whether waiters defer behind tok, key's head here.
-func (c *Client) hasDeferred(key, tok string) bool {
-	sh := c.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	st := sh.keys[key]
-	return st != nil && st.head == tok && len(st.deferred) > 0
-}
-
 // releasing returns the first waiter deferred behind tok, marked sent, if
 // tok is key's head here: the release (or departure) of tok about to run
 // takes it along, and, if inTurn, may hand it the lock without looking at
