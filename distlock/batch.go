@@ -2,13 +2,15 @@ package distlock
 
 import (
 	"context"
+	"runtime"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // A Client sends the scripts of its goroutines to Redis together when they
-// come together: while maxSending calls are under way, later calls queue,
+// come together: while as many sends are under way as its Redis client has
+// connections (see sendLimit), later calls queue,
 // and the first call to finish hands the queue, whole, to one of them,
 // which sends it as one pipeline. A lone caller sends its script at once,
 // on its own; under load each round trip, and each read and write on both
@@ -21,12 +23,30 @@ import (
 // batch runs on the ctx values of the call that sends it, without its
 // cancellation, bounded by the Redis client's own timeouts.
 
-// maxSending is how many sends (single scripts or batches) may be under
-// way at once. More than one, so that a send stuck on a dead connection
-// does not hold up every other call for its timeout.
-const maxSending = 4
+// sendLimit is how many sends (single scripts or batches) of a client may
+// be under way at once: as many as rdb has connections. Below that, a call
+// held back for a batch would wait for a round trip although a connection
+// was free; above it, go-redis makes the call wait for a connection anyway,
+// and in a batch that wait also saves a write and a read on both ends.
+// Batching sooner loses where waking a goroutine costs more than the
+// syscalls it saves: on a 2-core VM, with a limit of 4 and 8 goroutines,
+// most batches held one call and obtain+release ran at 0.64x the bare
+// commands, against 0.86x with this limit. It is never below 2, so that a
+// send stuck on a dead connection does not hold up every other call for
+// its timeout.
+func sendLimit(rdb RedisClient) int {
+	n := 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
+	switch o := rdb.(type) {
+	case interface{ Options() *redis.Options }:
+		n = o.Options().PoolSize
+	case interface{ Options() *redis.ClusterOptions }:
+		n = o.Options().PoolSize
+	}
+	return max(n, 2)
+}
 
 type batcher struct {
+	limit   int // see sendLimit
 	mu      sync.Mutex
 	sending int     // sends under way
 	queue   []*call // calls waiting for the next batch, oldest first
@@ -47,7 +67,7 @@ type call struct {
 func (c *Client) run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	b := &c.batch
 	b.mu.Lock()
-	if b.sending < maxSending {
+	if b.sending < b.limit {
 		b.sending++
 		b.mu.Unlock()
 		cmd := script.Run(ctx, c.rdb, keys, args...)

@@ -14,15 +14,26 @@ import (
 	"github.com/contend/contend/internal/workload"
 )
 
+// pooled returns a client of rdb's server with a pool of size connections,
+// closed when t ends.
+func pooled(t *testing.T, rdb *redis.Client, size int) *redis.Client {
+	t.Helper()
+	opts := *rdb.Options()
+	opts.PoolSize = size
+	c := redis.NewClient(&opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // counting counts the scripts that a client sends in pipelines of more
 // than one.
 type counting struct {
-	redis.UniversalClient
+	*redis.Client
 	batched atomic.Int64
 }
 
 func (c *counting) Pipeline() redis.Pipeliner {
-	return &hookedPipe{c.UniversalClient.Pipeline(), func(_ context.Context, p redis.Pipeliner) error {
+	return &hookedPipe{c.Client.Pipeline(), func(_ context.Context, p redis.Pipeliner) error {
 		if n := p.Len(); n > 1 {
 			c.batched.Add(int64(n))
 		}
@@ -60,15 +71,26 @@ func lockEach(t *testing.T, c *distlock.Client, rdb redis.UniversalClient, prefi
 	})
 }
 
-// Scripts of concurrent callers go out together, and each caller gets its
-// own script's reply.
+// Scripts of more concurrent callers than the client has connections go
+// out together, and each caller gets its own script's reply.
 func TestConcurrentCallsShareRoundTrips(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testserver.Redis(t)
-	counted := &counting{UniversalClient: rdb}
+	counted := &counting{Client: pooled(t, rdb, 4)}
 	c := newClient(t, counted, distlock.Config{Prefix: prefix})
 	lockEach(t, c, rdb, prefix, 32, 50)
 	require.Positive(t, counted.batched.Load(), "no script went out in a batch")
+}
+
+// While a connection is free, no call is held back for a batch: it would
+// wait a round trip for nothing.
+func TestNoBatchWhileAConnectionIsFree(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	counted := &counting{Client: pooled(t, rdb, 16)}
+	c := newClient(t, counted, distlock.Config{Prefix: prefix})
+	lockEach(t, c, rdb, prefix, 8, 50)
+	require.Zero(t, counted.batched.Load(), "scripts were batched with connections to spare")
 }
 
 // A batch sent after Redis lost its scripts still runs them all.
@@ -76,7 +98,7 @@ func TestBatchAfterScriptFlush(t *testing.T) {
 	t.Parallel()
 	srv := testserver.OwnRedis(t)
 	rdb := srv.Client(t)
-	c := newClient(t, rdb, distlock.Config{})
+	c := newClient(t, pooled(t, rdb, 2), distlock.Config{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

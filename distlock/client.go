@@ -230,6 +230,7 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 		seed:    maphash.MakeSeed(),
 		waiters: map[string]*waiter{},
 		closing: make(chan struct{}),
+		batch:   batcher{limit: sendLimit(rdb)},
 	}, nil
 }
 
