@@ -94,10 +94,11 @@
 // and releasing a lock nobody waits for is a bare compare-and-delete: a
 // waiter that queues marks the holder's lock, so only a marked lock needs
 // the release script. The scripts of a Client's goroutines that run at the
-// same time go to Redis together: while a few calls are under way, later
-// ones queue and go out as one pipeline, so that under load one round trip,
-// and one read and write on each end, serves many. A lone caller's script
-// goes out at once, on its own.
+// same time go to Redis together: while every connection of the Redis
+// client's pool carries a call, later ones queue and go out as one
+// pipeline, so that under load one round trip, and one read and write on
+// each end, serves many. While a connection is free, a script goes out at
+// once, on its own.
 //
 // # Errors
 //
