@@ -651,6 +651,13 @@ func (c *Client) takeAlong(key, tok string) (*waiter, bool) {
 // that one. A lock handed to a waiter of this client comes back as the
 // grant message, without a publish: the release wakes the waiter itself.
 func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok, givingUp string, first *waiter, inTurn bool) (bool, error) {
+	if first != nil && inTurn && givingUp == "0" {
+		if held, err := c.pass(ctx, key, keys, tok, first); held || err != nil {
+			return held, err
+		}
+		// tok no longer holds the lock: the release script finds out what
+		// became of it, and what first should do.
+	}
 	args := []any{tok, givingUp, c.channel, c.waiterLease().Milliseconds()}
 	if first != nil {
 		turn := "0"
@@ -679,14 +686,44 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 		c.released(key, tok, first, "", time.Time{}, false)
 		return held == 1, nil
 	}
-	// Handed to a waiter here: it holds the lock for its TTL from began.
 	next, g := parseGrant(msg)
+	c.handedOver(ctx, key, keys, tok, first, next, g, began, turnPass == 1)
+	return held == 1, nil
+}
+
+// pass hands the lock from tok to first, its client's next waiter in its
+// turn, by the pass script: the common hand-over on a key this client's
+// goroutines share, at the cost of a take. It reports false, having
+// changed nothing, when tok no longer holds the lock.
+func (c *Client) pass(ctx context.Context, key string, keys []string, tok string, first *waiter) (bool, error) {
+	began := time.Now()
+	fence, err := c.run(ctx, passScript, keys[:2], tok, first.tok, first.ttl.Milliseconds()).Int64()
+	if err == nil && fence == 1 {
+		fence, err = c.run(ctx, fenceScript, keys[:2]).Int64()
+	}
+	if err != nil {
+		// Whether it ran is unknown: the waiters here check by themselves.
+		c.released(key, tok, nil, "", time.Time{}, false)
+		wake(first, grant{})
+		return false, err
+	}
+	if fence == 0 {
+		return false, nil
+	}
+	c.handedOver(ctx, key, keys, tok, first, first.tok, grant{seq: 1, fence: fence}, began, true)
+	return true, nil
+}
+
+// handedOver ends tok's release, which handed the lock to next, a waiter
+// of this client, at began: next holds it for its TTL from then, and is
+// woken with g.
+func (c *Client) handedOver(ctx context.Context, key string, keys []string, tok string, first *waiter, next string, g grant, began time.Time, inTurn bool) {
 	w := c.waiter(next)
 	until := began
 	if w != nil {
 		until = began.Add(w.ttl)
 	}
-	c.released(key, tok, first, next, until, turnPass == 1)
+	c.released(key, tok, first, next, until, inTurn)
 	if w == nil {
 		// It has given up meanwhile: pass the lock on.
 		c.leave(ctx, key, keys, next)
@@ -694,7 +731,6 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 		g.local, g.at = true, began
 		wake(w, g)
 	}
-	return held == 1, nil
 }
 
 // waiterLease is how long a waiter's place in a queue lasts without being

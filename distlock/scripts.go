@@ -24,6 +24,8 @@ var (
 	takeLua string
 	//go:embed lua/free.lua
 	freeLua string
+	//go:embed lua/pass.lua
+	passLua string
 	//go:embed lua/pttl.lua
 	pttlLua string
 	//go:embed lua/lock.lua
@@ -36,6 +38,7 @@ var (
 	fenceScript   = redis.NewScript(libLua + fenceLua)
 	takeScript    = redis.NewScript(takeLua)
 	freeScript    = redis.NewScript(freeLua)
+	passScript    = redis.NewScript(passLua)
 	refreshScript = redis.NewScript(libLua + refreshLua)
 	pttlScript    = redis.NewScript(libLua + pttlLua)
 	lockScript    = redis.NewScript(lockLua)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"strings"
 	"testing"
 	"time"
 
@@ -471,4 +472,40 @@ func TestClientsTakeTurns(t *testing.T) {
 		l = got
 	}
 	require.NoError(t, l.Release(ctx))
+}
+
+// A holder whose lock was lost while it had a waiter of its own client
+// behind it, in its turn, hands that waiter nothing: its release reports the
+// loss and leaves the new holder's lock alone, and the waiter gets the key
+// once that holder lets go.
+func TestTurnPassFromALostLock(t *testing.T) {
+	t.Parallel()
+	a, b, rdb, prefix := twoClients(t, distlock.Config{Recheck: 100 * time.Millisecond})
+	ctx := t.Context()
+	holder, err := b.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	a1 := obtainAsync(ctx, a, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	a2 := obtainAsync(ctx, a, "job", time.Minute)
+	waitDeferred(t, a, "job", 1)
+	waitListening(t, a)
+	l := handOver(ctx, t, holder, a1) // a's turn, with a2 in it
+
+	// l's lease ran out and someone else took the key.
+	require.NoError(t, rdb.Set(ctx, lockKey(prefix, "job"), "intruder", time.Minute).Err())
+	require.ErrorIs(t, l.Release(ctx), contend.ErrLockLost)
+	stored, err := rdb.Get(ctx, lockKey(prefix, "job")).Result()
+	require.NoError(t, err)
+	require.Equal(t, "intruder", strings.TrimSuffix(stored, "|q"), "the release handed on a lock it did not hold")
+	select {
+	case got := <-a2:
+		t.Fatalf("the waiter was handed a lock someone else holds: %v", got.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+
+	require.NoError(t, rdb.Del(ctx, lockKey(prefix, "job")).Err())
+	got := receive(t, a2, 5*time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.l.Fence(), l.Fence())
+	require.NoError(t, got.l.Release(ctx))
 }
