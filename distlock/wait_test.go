@@ -4,9 +4,9 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
-	"strings"
 	"testing"
 	"time"
 
