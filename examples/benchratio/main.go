@@ -4,7 +4,10 @@
 // Benchmarks name the floor `raw` in the path segment where the library's run
 // names itself (BenchmarkUpdate/raw/hot beside BenchmarkUpdate/contend/hot, or
 // BenchmarkGuard/raw/spread beside BenchmarkGuard/pessimistic/spread).
-// Run the benchmarks with -count ≥ 5 so the medians mean something:
+// The ratio is of the two medians; paired is the median of the ratios of
+// the i-th run of each, which cancels the machine's drift between runs when
+// the benchmark measures the two back to back, as distlock's does. Run the
+// benchmarks with -count ≥ 5 so the medians mean something:
 //
 //	go test -run '^$' -bench . -count 6 ./atomic/ | go run ./examples/benchratio
 package main
@@ -31,12 +34,12 @@ func main() {
 		os.Exit(1)
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "benchmark\traw ns/op\tns/op\tratio\tn\t")
+	fmt.Fprintln(w, "benchmark\traw ns/op\tns/op\tratio\tpaired\tn\t")
 	paired := 0
 	for _, name := range order {
 		for _, floor := range floors(name, samples) {
 			r, c := median(samples[floor]), median(samples[name])
-			fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.3f\t%d\t\n", name, r, c, c/r, min(len(samples[floor]), len(samples[name])))
+			fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.3f\t%.3f\t%d\t\n", name, r, c, c/r, pairedRatio(samples[floor], samples[name]), min(len(samples[floor]), len(samples[name])))
 			paired++
 		}
 	}
@@ -84,6 +87,16 @@ func read(r io.Reader) (map[string][]float64, []string, error) {
 		samples[m[1]] = append(samples[m[1]], v)
 	}
 	return samples, order, sc.Err()
+}
+
+// pairedRatio is the median of lib[i]/raw[i] over the runs both have.
+func pairedRatio(raw, lib []float64) float64 {
+	n := min(len(raw), len(lib))
+	ratios := make([]float64, n)
+	for i := range n {
+		ratios[i] = lib[i] / raw[i]
+	}
+	return median(ratios)
 }
 
 func median(xs []float64) float64 {
