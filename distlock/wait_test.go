@@ -2,6 +2,7 @@ package distlock_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"strings"
@@ -432,10 +433,19 @@ func TestBusyKeysAreBounded(t *testing.T) {
 		key := "busy" + strconv.Itoa(i)
 		held, err := other.TryObtain(ctx, key, time.Minute)
 		require.NoError(t, err)
-		short, cancel := context.WithTimeout(ctx, time.Millisecond)
-		_, err = c.Obtain(short, key, time.Minute)
-		cancel()
-		require.ErrorIs(t, err, contend.ErrConflict)
+		// Until one wait on the key was cut short: on a loaded machine the
+		// millisecond can pass before Obtain begins, which then tries
+		// nothing and returns the bare ctx error.
+		for range 100 {
+			short, cancel := context.WithTimeout(ctx, time.Millisecond)
+			_, err = c.Obtain(short, key, time.Minute)
+			cancel()
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			if errors.Is(err, contend.ErrConflict) {
+				break
+			}
+		}
+		require.ErrorIs(t, err, contend.ErrConflict, "no wait on %s began", key)
 		require.NoError(t, held.Release(ctx))
 	}
 	require.LessOrEqual(t, distlock.Known(c), 1024+32)
