@@ -71,26 +71,29 @@ func lockEach(t *testing.T, c *distlock.Client, rdb redis.UniversalClient, prefi
 	})
 }
 
+// batched has workers lock keys of their own, 50 times each, through a
+// client whose Redis pool has size connections, and returns how many
+// scripts went out in batches.
+func batched(t *testing.T, size, workers int) int64 {
+	rdb, prefix := testserver.Redis(t)
+	counted := &counting{Client: pooled(t, rdb, size)}
+	c := newClient(t, counted, distlock.Config{Prefix: prefix})
+	lockEach(t, c, rdb, prefix, workers, 50)
+	return counted.batched.Load()
+}
+
 // Scripts of more concurrent callers than the client has connections go
 // out together, and each caller gets its own script's reply.
 func TestConcurrentCallsShareRoundTrips(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testserver.Redis(t)
-	counted := &counting{Client: pooled(t, rdb, 4)}
-	c := newClient(t, counted, distlock.Config{Prefix: prefix})
-	lockEach(t, c, rdb, prefix, 32, 50)
-	require.Positive(t, counted.batched.Load(), "no script went out in a batch")
+	require.Positive(t, batched(t, 4, 32), "no script went out in a batch")
 }
 
 // While a connection is free, no call is held back for a batch: it would
 // wait a round trip for nothing.
 func TestNoBatchWhileAConnectionIsFree(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testserver.Redis(t)
-	counted := &counting{Client: pooled(t, rdb, 16)}
-	c := newClient(t, counted, distlock.Config{Prefix: prefix})
-	lockEach(t, c, rdb, prefix, 8, 50)
-	require.Zero(t, counted.batched.Load(), "scripts were batched with connections to spare")
+	require.Zero(t, batched(t, 16, 8), "scripts were batched with connections to spare")
 }
 
 // A batch sent after Redis lost its scripts still runs them all.

@@ -451,6 +451,19 @@ func TestBusyKeysAreBounded(t *testing.T) {
 	require.LessOrEqual(t, distlock.Known(c), 1024+32)
 }
 
+// queueBehind has b hold "job" and two waiters of a's wait for it: a1
+// queued in Redis, a2 deferred behind a1.
+func queueBehind(ctx context.Context, t *testing.T, a, b *distlock.Client, rdb *redis.Client, prefix string) (holder *distlock.Lock, a1, a2 <-chan obtained) {
+	t.Helper()
+	holder, err := b.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	a1 = obtainAsync(ctx, a, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	a2 = obtainAsync(ctx, a, "job", time.Minute)
+	waitDeferred(t, a, "job", 1)
+	return holder, a1, a2
+}
+
 // When the key comes to a client, its turn begins: the waiters it has then
 // get the key one after another, even while another client's waiter is
 // queued; then the key goes to that other client, and a waiter that came
@@ -459,12 +472,7 @@ func TestClientsTakeTurns(t *testing.T) {
 	t.Parallel()
 	a, b, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
 	ctx := t.Context()
-	holder, err := b.TryObtain(ctx, "job", time.Minute)
-	require.NoError(t, err)
-	a1 := obtainAsync(ctx, a, "job", time.Minute)
-	waitQueued(t, rdb, prefix, "job", 1)
-	a2 := obtainAsync(ctx, a, "job", time.Minute)
-	waitDeferred(t, a, "job", 1)
+	holder, a1, a2 := queueBehind(ctx, t, a, b, rdb, prefix)
 	a3 := obtainAsync(ctx, a, "job", time.Minute)
 	waitDeferred(t, a, "job", 2)
 	b1 := obtainAsync(ctx, b, "job", time.Minute)
@@ -492,12 +500,7 @@ func TestTurnPassFromALostLock(t *testing.T) {
 	t.Parallel()
 	a, b, rdb, prefix := twoClients(t, distlock.Config{Recheck: 100 * time.Millisecond})
 	ctx := t.Context()
-	holder, err := b.TryObtain(ctx, "job", time.Minute)
-	require.NoError(t, err)
-	a1 := obtainAsync(ctx, a, "job", time.Minute)
-	waitQueued(t, rdb, prefix, "job", 1)
-	a2 := obtainAsync(ctx, a, "job", time.Minute)
-	waitDeferred(t, a, "job", 1)
+	holder, a1, a2 := queueBehind(ctx, t, a, b, rdb, prefix)
 	waitListening(t, a)
 	l := handOver(ctx, t, holder, a1) // a's turn, with a2 in it
 
