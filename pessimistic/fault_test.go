@@ -94,6 +94,12 @@ func TestKilledHolderReleasesAtOnce(t *testing.T) {
 // locks. Each takes its first row, then waits for the other's: a certain
 // deadlock. The server breaks it by failing one; the locker rolls that one
 // back and runs it again, and both finish.
+//
+// Usually that is three runs. It can be more: the survivor waited for the
+// victim's transaction, not in a queue for the row, so the victim's retry
+// can find the row unlocked and take it back before the survivor, woken by
+// the rollback, gets to it; then the two deadlock again. Seen under heavy
+// load: 4 runs in 2 of 40.
 func TestOppositeOrderDeadlockIsRetried(t *testing.T) {
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
@@ -128,7 +134,7 @@ func TestOppositeOrderDeadlockIsRetried(t *testing.T) {
 			require.NoError(t, <-errs)
 			require.NoError(t, <-errs)
 
-			require.EqualValues(t, 3, runs.Load(), "exactly one deadlock victim, run once more")
+			require.GreaterOrEqual(t, runs.Load(), int32(3), "no deadlock victim ran again")
 			require.Equal(t, 8, stockOf(t, db, "a"), "the victim's first run left nothing behind")
 			require.Equal(t, 8, stockOf(t, db, "b"))
 		})
