@@ -112,51 +112,17 @@ func fnv1a(s string) uint64 {
 func TestOrderPerKey(t *testing.T) {
 	t.Parallel()
 	const producers, keys, jobs = 8, 40, 25
-	var (
-		mu     sync.Mutex         // protects last and inside
-		last   = map[string]int{} // key/producer → last sequence seen
-		inside = map[string]int{} // key → handlers running now
-		bad    atomic.Int64
-		seen   atomic.Int64
-	)
+	var order workload.KeyOrder
 	q := start(t, queue.Config{Partitions: 8, Buffer: 16, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
-		var p, seq int
-		_, err := fmt.Sscanf(string(job.Payload), "%d %d", &p, &seq)
-		if err != nil {
-			return nil, err
-		}
-		id := job.Key + "/" + strconv.Itoa(p)
-		mu.Lock()
-		if inside[job.Key]++; inside[job.Key] > 1 {
-			bad.Add(1)
-		}
-		prev, ok := last[id]
-		if ok && seq != prev+1 || !ok && seq != 0 {
-			bad.Add(1)
-		}
-		last[id] = seq
-		mu.Unlock()
-		seen.Add(1)
-		mu.Lock()
-		inside[job.Key]--
-		mu.Unlock()
-		return nil, nil
+		_, err := order.Handle(job.Key, job.Payload)
+		return nil, err
 	}})
-	workload.Each(t, producers, func(p int) error {
-		for seq := range jobs {
-			for k := range keys {
-				if err := q.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
+	workload.Produce(t, producers, keys, jobs, q.Enqueue)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, q.Close(ctx), "Close drains every accepted job")
-	require.EqualValues(t, producers*keys*jobs, seen.Load())
-	require.Zero(t, bad.Load(), "jobs of one key ran out of order or overlapped")
+	require.EqualValues(t, producers*keys*jobs, order.Seen())
+	require.Zero(t, order.Bad(), "jobs of one key ran out of order or overlapped")
 	require.EqualValues(t, producers*keys*jobs, q.Stats().Handled)
 }
 

@@ -3,7 +3,6 @@ package redisq_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -110,55 +109,26 @@ func TestOrderPerKeyAcrossInstances(t *testing.T) {
 	t.Parallel()
 	client, prefix := testserver.Redis(t)
 	const producers, keys, jobs = 4, 12, 15
-	var (
-		mu     sync.Mutex
-		last   = map[string]int{}
-		inside = map[string]int{}
-		bad    atomic.Int64
-		seen   atomic.Int64
-		done   = make(chan struct{})
-	)
+	var order workload.KeyOrder
+	done := make(chan struct{})
 	handler := func(_ context.Context, job queue.Job) ([]byte, error) {
-		var p, seq int
-		if _, err := fmt.Sscanf(string(job.Payload), "%d %d", &p, &seq); err != nil {
-			return nil, err
-		}
-		id := job.Key + "/" + strconv.Itoa(p)
-		mu.Lock()
-		if inside[job.Key]++; inside[job.Key] > 1 {
-			bad.Add(1)
-		}
-		if prev, ok := last[id]; ok && seq <= prev || !ok && seq != 0 {
-			bad.Add(1)
-		}
-		last[id] = seq
-		inside[job.Key]--
-		mu.Unlock()
-		if seen.Add(1) == producers*keys*jobs {
+		n, err := order.Handle(job.Key, job.Payload)
+		if n == producers*keys*jobs {
 			close(done)
 		}
-		return nil, nil
+		return nil, err
 	}
 	for range 3 {
 		instance(t, client, prefix, redisq.Config{Handler: handler})
 	}
 	producer := instance(t, client, prefix, redisq.Config{})
-	workload.Each(t, producers, func(p int) error {
-		for seq := range jobs {
-			for k := range keys {
-				if err := producer.Enqueue(t.Context(), "key-"+strconv.Itoa(k), fmt.Appendf(nil, "%d %d", p, seq)); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
+	workload.Produce(t, producers, keys, jobs, producer.Enqueue)
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
-		t.Fatalf("handled %d of %d jobs", seen.Load(), producers*keys*jobs)
+		t.Fatalf("handled %d of %d jobs", order.Seen(), producers*keys*jobs)
 	}
-	require.Zero(t, bad.Load(), "jobs of one key ran out of order or overlapped")
+	require.Zero(t, order.Bad(), "jobs of one key ran out of order or overlapped")
 }
 
 // Entries a dead owner read and never acknowledged are redelivered by the
