@@ -395,10 +395,8 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 
 // take is the common obtain, of a free key: a small script sets the lock
 // if nobody holds it and moves the fencing counter, costing a fraction of
-// what the acquire script does, and queues nothing. A counter that was
-// missing (the increment made it 1: a new key, or a Redis that lost its
-// data) is restarted from the server's clock by the fence script, as the
-// acquire script does. It returns nil when the key is held.
+// what the acquire script does, and queues nothing (a missing counter is
+// restarted: see runFenced). It returns nil when the key is held.
 //
 // A key whose holder's lease ran out while others were queued for it is
 // free, and take gives it to the caller rather than to the oldest waiter:
@@ -406,16 +404,12 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 // newcomer's release, or find the key free when they check.
 func (c *Client) take(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (*Lock, error) {
 	began := time.Now()
-	fence, err := c.run(ctx, takeScript, keys[:2], tok, ttl.Milliseconds()).Int64()
+	fence, err := c.runFenced(ctx, takeScript, keys, tok, ttl.Milliseconds())
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, err // the caller's clean-up releases what it may have taken
 	case fence == 0:
 		return nil, nil // held
-	case fence == 1:
-		if fence, err = c.run(ctx, fenceScript, keys[:2]).Int64(); err != nil {
-			return nil, err // the caller's clean-up releases the lock
-		}
 	}
 	l := newLock(c, key, keys, tok, fence, ttl, began.Add(ttl))
 	l.taken = true
@@ -672,11 +666,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
 	if err != nil {
-		// Whether it ran is unknown: the waiters here check by themselves.
-		c.released(key, tok, nil, "", time.Time{}, false)
-		if first != nil {
-			wake(first, grant{})
-		}
+		c.unsure(key, tok, first)
 		return false, err
 	}
 	held, _ := res[0].(int64)
@@ -697,14 +687,9 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 // changed nothing, when tok no longer holds the lock.
 func (c *Client) pass(ctx context.Context, key string, keys []string, tok string, first *waiter) (bool, error) {
 	began := time.Now()
-	fence, err := c.run(ctx, passScript, keys[:2], tok, first.tok, first.ttl.Milliseconds()).Int64()
-	if err == nil && fence == 1 {
-		fence, err = c.run(ctx, fenceScript, keys[:2]).Int64()
-	}
+	fence, err := c.runFenced(ctx, passScript, keys, tok, first.tok, first.ttl.Milliseconds())
 	if err != nil {
-		// Whether it ran is unknown: the waiters here check by themselves.
-		c.released(key, tok, nil, "", time.Time{}, false)
-		wake(first, grant{})
+		c.unsure(key, tok, first)
 		return false, err
 	}
 	if fence == 0 {
@@ -712,6 +697,29 @@ func (c *Client) pass(ctx context.Context, key string, keys []string, tok string
 	}
 	c.handedOver(ctx, key, keys, tok, first, first.tok, grant{seq: 1, fence: fence}, began, true)
 	return true, nil
+}
+
+// runFenced runs script, a take or a pass, on the lock and fencing counter
+// of keys. The script returns 0 when it changed nothing, else the fencing
+// token it moved the counter to, where 1 means the counter was missing (a
+// new key, or a Redis that lost its data): the fence script then restarts
+// it from the server's clock, as the library's next_fence does.
+func (c *Client) runFenced(ctx context.Context, script *redis.Script, keys []string, args ...any) (int64, error) {
+	fence, err := c.run(ctx, script, keys[:2], args...).Int64()
+	if err == nil && fence == 1 {
+		fence, err = c.run(ctx, fenceScript, keys[:2]).Int64()
+	}
+	return fence, err
+}
+
+// unsure ends a release of tok whose script may or may not have run (its
+// reply was an error): tok is no longer this client's head for key, and
+// its waiters, first among them, check with Redis by themselves.
+func (c *Client) unsure(key, tok string, first *waiter) {
+	c.released(key, tok, nil, "", time.Time{}, false)
+	if first != nil {
+		wake(first, grant{})
+	}
 }
 
 // handedOver ends tok's release, which handed the lock to next, a waiter

@@ -44,6 +44,19 @@ type keyState struct {
 
 func (s *keyState) empty() bool { return !s.busy && s.head == "" && len(s.deferred) == 0 }
 
+// undefer takes w out of the waiters deferred here.
+func (s *keyState) undefer(w *waiter) {
+	s.deferred = slices.DeleteFunc(s.deferred, func(d *waiter) bool { return d == w })
+}
+
+// forgetIfEmpty drops key's state st when it says nothing any more; sh.mu
+// must be held.
+func (sh *keyShard) forgetIfEmpty(key string, st *keyState) {
+	if st.empty() {
+		delete(sh.keys, key)
+	}
+}
+
 // A waiter is one Obtain waiting for a held key.
 type waiter struct {
 	tok  string
@@ -111,7 +124,7 @@ func (c *Client) stay(key string, w *waiter) (stay, sent bool) {
 		}
 		return true, false
 	}
-	st.deferred = slices.DeleteFunc(st.deferred, func(d *waiter) bool { return d == w })
+	st.undefer(w)
 	st.head, st.holding = w.tok, false
 	return false, false
 }
@@ -188,13 +201,11 @@ func (c *Client) released(key, tok string, first *waiter, next string, until tim
 		}
 	case first != nil:
 		st.head, st.holding = first.tok, false
-		st.deferred = slices.DeleteFunc(st.deferred, func(w *waiter) bool { return w == first })
+		st.undefer(first)
 	default:
 		st.head, st.holding = "", false
 		orphans, st.deferred = st.deferred, nil
-		if st.empty() {
-			delete(sh.keys, key)
-		}
+		sh.forgetIfEmpty(key, st)
 	}
 	sh.mu.Unlock()
 	for _, w := range orphans {
@@ -210,10 +221,8 @@ func (c *Client) undefer(key string, w *waiter) (sent bool) {
 	defer sh.mu.Unlock()
 	st := sh.keys[key]
 	if st != nil {
-		st.deferred = slices.DeleteFunc(st.deferred, func(d *waiter) bool { return d == w })
-		if st.empty() {
-			delete(sh.keys, key)
-		}
+		st.undefer(w)
+		sh.forgetIfEmpty(key, st)
 	}
 	return w.sent
 }
@@ -226,9 +235,7 @@ func (c *Client) notBusy(key string) {
 	defer sh.mu.Unlock()
 	if st := sh.keys[key]; st != nil {
 		st.busy = false
-		if st.empty() {
-			delete(sh.keys, key)
-		}
+		sh.forgetIfEmpty(key, st)
 	}
 }
 
