@@ -74,6 +74,7 @@ type Claimer struct {
 	claim   *sql.Stmt // $1 key, $2 token [, $3 lease µs] → claimed, exists
 	release *sql.Stmt // $1 key, $2 token
 	extend  *sql.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
+	holds   keepalive.Timers
 }
 
 var _ contend.Guard = (*Claimer)(nil)
@@ -254,7 +255,7 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 	runCtx := ctx
 	var hold *keepalive.Hold
 	if c.lease > 0 {
-		hold = keepalive.Start(ctx, began, c.lease, func(ctx context.Context) (bool, error) {
+		hold = c.holds.Start(ctx, began, c.lease, func(ctx context.Context) (bool, error) {
 			return c.Extend(ctx, key, tok)
 		})
 		runCtx = hold.Context()

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/token"
 )
 
@@ -202,6 +203,7 @@ type Client struct {
 	local [localShards]keyShard // what this client knows of its keys: see local.go
 	seed  maphash.Seed
 	batch batcher // scripts sent together: see batch.go
+	holds keepalive.Timers
 
 	mu      sync.Mutex                 // protects the fields below
 	waiters map[string]*waiter         // by token
@@ -754,6 +756,8 @@ func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 }
 
 func (c *Client) margin(time.Duration) time.Duration { return 0 }
+
+func (c *Client) holdTimers() *keepalive.Timers { return &c.holds }
 
 // ctxErr returns ctx's error, with its cause when that says more, or nil.
 func ctxErr(ctx context.Context) error {

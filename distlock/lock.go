@@ -25,6 +25,8 @@ type lockOwner interface {
 	// clock drift allowance of a quorum, zero on one node.
 	margin(ttl time.Duration) time.Duration
 	observe(Event)
+	// holdTimers runs the watchdogs of the owner's holds.
+	holdTimers() *keepalive.Timers
 }
 
 // A Lock is one acquisition of a key: the key, the random token that only
@@ -240,7 +242,7 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 		}
 		l.amu.Unlock()
 	}
-	l.hold = keepalive.Start(parent, obtained, ttl, func(ctx context.Context) (bool, error) {
+	l.hold = l.owner.holdTimers().Start(parent, obtained, ttl, func(ctx context.Context) (bool, error) {
 		held, err := l.extend(ctx, l.ttl)
 		switch {
 		case err != nil:

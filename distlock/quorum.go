@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/token"
 )
 
@@ -86,6 +87,7 @@ type Quorum struct {
 	nodes  []redis.Scripter
 	cfg    QuorumConfig
 	quorum int
+	holds  keepalive.Timers
 }
 
 var _ contend.Guard = (*Quorum)(nil)
@@ -283,6 +285,8 @@ func tally(res []nodeResult) (ok, no int, errs []error) {
 	}
 	return ok, no, errs
 }
+
+func (q *Quorum) holdTimers() *keepalive.Timers { return &q.holds }
 
 func (q *Quorum) margin(ttl time.Duration) time.Duration {
 	return time.Duration(float64(ttl)*q.cfg.DriftFactor) + 2*time.Millisecond
