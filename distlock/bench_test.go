@@ -30,6 +30,8 @@ import (
 //     and INCR of the fencing counter, with nothing else: the part of
 //     distlock's ratio that the fencing script costs on that machine, and
 //     no library can win back.
+//     And do is Client.Do around nothing: the managed hold's watchdog on top
+//     of distlock's obtain and release.
 //   - hotkey: every worker locks the same key; raw is the loop of the
 //     popular libraries, SET NX PX retried every millisecond. Each reports
 //     its p99 wait for the lock (p99-ns) and how unevenly the workers were
@@ -97,6 +99,22 @@ func distlockLocker(b *testing.B, rdb *redis.Client, prefix string) locker {
 	}
 }
 
+// doLocker holds the lock as Client.Do does, with the watchdog armed while
+// fn (here nothing) runs: what a managed hold costs beyond Obtain and
+// Release.
+func doLocker(b *testing.B, rdb *redis.Client, prefix string) locker {
+	c := newClient(b, rdb, distlock.Config{Prefix: prefix, TTL: benchTTL})
+	return func(ctx context.Context, key string) (time.Duration, error) {
+		began := time.Now()
+		var waited time.Duration
+		err := c.Do(ctx, key, func(context.Context) error {
+			waited = time.Since(began)
+			return nil
+		})
+		return waited, err
+	}
+}
+
 func BenchmarkObtainRelease(b *testing.B) {
 	impls := []struct {
 		name   string
@@ -106,6 +124,7 @@ func BenchmarkObtainRelease(b *testing.B) {
 		{"raw", func(_ *testing.B, rdb *redis.Client, prefix string) locker { return rawLocker(rdb, prefix) }, true},
 		{"script", func(_ *testing.B, rdb *redis.Client, prefix string) locker { return scriptLocker(rdb, prefix) }, false},
 		{"distlock", distlockLocker, true},
+		{"do", doLocker, false},
 	}
 	workloads := []struct {
 		name    string
