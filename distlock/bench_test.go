@@ -33,9 +33,12 @@ import (
 //     And do is Client.Do around nothing: the managed hold's watchdog on top
 //     of distlock's obtain and release.
 //   - hotkey: every worker locks the same key; raw is the loop of the
-//     popular libraries, SET NX PX retried every millisecond. Each reports
-//     its p99 wait for the lock (p99-ns) and how unevenly the workers were
-//     served: the most acquisitions of a worker over the fewest (max/min).
+//     popular libraries, SET NX PX retried every millisecond. Beside it,
+//     script is the floor of a hand-over in order: one EVALSHA per
+//     acquisition, taken in turn under a process-local mutex (see
+//     handOverLocker). Each reports its p99 wait for the lock (p99-ns) and
+//     how unevenly the workers were served: the most acquisitions of a
+//     worker over the fewest (max/min).
 
 const benchTTL = 10 * time.Second
 
@@ -86,6 +89,42 @@ func scriptLocker(rdb *redis.Client, prefix string) locker {
 	}
 }
 
+// fencedPass hands the lock from the holder's token (or from nobody) to the
+// next one's, and returns the next fencing token: pass.lua without the
+// queue's mark.
+var fencedPass = redis.NewScript(`local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return redis.call('INCR', KEYS[2])`)
+
+// handOverLocker is the floor of an in-order, fenced hand-over: the
+// workers line up on a process-local mutex, and each takes the key from the
+// one before it with one EVALSHA that moves the token and the fencing
+// counter. One serial round trip per acquisition, with no library: every
+// lock that confirms each new holder in Redis pays it.
+func handOverLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
+	var (
+		mu     sync.Mutex
+		holder string // the token in Redis; guarded by mu
+	)
+	return func(ctx context.Context, key string) (time.Duration, error) {
+		key = prefix + "{" + key + "}"
+		tok := token.New()
+		began := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		fence, err := fencedPass.Run(ctx, rdb, []string{key, key + ":fence"}, holder, tok, benchTTL.Milliseconds()).Int64()
+		if err != nil {
+			return 0, err
+		}
+		if fence == 0 {
+			return 0, fmt.Errorf("%s is held by another", key)
+		}
+		holder = tok
+		return time.Since(began), nil
+	}
+}
+
 func distlockLocker(b *testing.B, rdb *redis.Client, prefix string) locker {
 	c := newClient(b, rdb, distlock.Config{Prefix: prefix})
 	return func(ctx context.Context, key string) (time.Duration, error) {
@@ -116,15 +155,16 @@ func doLocker(b *testing.B, rdb *redis.Client, prefix string) locker {
 }
 
 func BenchmarkObtainRelease(b *testing.B) {
+	type newLocker func(b *testing.B, rdb *redis.Client, prefix string) locker
+	raw := func(_ *testing.B, rdb *redis.Client, prefix string) locker { return rawLocker(rdb, prefix) }
 	impls := []struct {
-		name   string
-		new    func(b *testing.B, rdb *redis.Client, prefix string) locker
-		hotkey bool // runs the hotkey workload too
+		name                string
+		uncontended, hotkey newLocker // nil: not run on that workload
 	}{
-		{"raw", func(_ *testing.B, rdb *redis.Client, prefix string) locker { return rawLocker(rdb, prefix) }, true},
-		{"script", func(_ *testing.B, rdb *redis.Client, prefix string) locker { return scriptLocker(rdb, prefix) }, false},
-		{"distlock", distlockLocker, true},
-		{"do", doLocker, false},
+		{"raw", raw, raw},
+		{"script", func(_ *testing.B, rdb *redis.Client, prefix string) locker { return scriptLocker(rdb, prefix) }, handOverLocker},
+		{"distlock", distlockLocker, distlockLocker},
+		{"do", doLocker, nil},
 	}
 	workloads := []struct {
 		name    string
@@ -142,12 +182,16 @@ func BenchmarkObtainRelease(b *testing.B) {
 	for _, w := range workloads {
 		for _, workers := range w.workers {
 			for _, impl := range impls {
-				if w.report && !impl.hotkey {
+				newLock := impl.uncontended
+				if w.name == "hotkey" {
+					newLock = impl.hotkey
+				}
+				if newLock == nil {
 					continue
 				}
 				b.Run(impl.name+"/"+w.name+"/workers="+strconv.Itoa(workers), func(b *testing.B) {
 					rdb, prefix := testserver.Redis(b)
-					lock := impl.new(b, rdb, prefix)
+					lock := newLock(b, rdb, prefix)
 					runWorkers(b, workers, w.report, func(ctx context.Context, worker int) (time.Duration, error) {
 						return lock(ctx, w.key(worker))
 					})
