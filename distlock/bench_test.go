@@ -48,7 +48,7 @@ var rawRelease = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then 
 // A locker obtains and releases key once; it returns how long it waited.
 type locker func(ctx context.Context, key string) (time.Duration, error)
 
-func rawLocker(rdb *redis.Client, prefix string) locker {
+func rawLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
 	return func(ctx context.Context, key string) (time.Duration, error) {
 		key = prefix + key
 		tok := token.New()
@@ -72,7 +72,7 @@ func rawLocker(rdb *redis.Client, prefix string) locker {
 var fencedTake = redis.NewScript(`if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 return redis.call('INCR', KEYS[2])`)
 
-func scriptLocker(rdb *redis.Client, prefix string) locker {
+func scriptLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
 	return func(ctx context.Context, key string) (time.Duration, error) {
 		key = prefix + "{" + key + "}"
 		tok := token.New()
@@ -156,13 +156,12 @@ func doLocker(b *testing.B, rdb *redis.Client, prefix string) locker {
 
 func BenchmarkObtainRelease(b *testing.B) {
 	type newLocker func(b *testing.B, rdb *redis.Client, prefix string) locker
-	raw := func(_ *testing.B, rdb *redis.Client, prefix string) locker { return rawLocker(rdb, prefix) }
 	impls := []struct {
 		name                string
 		uncontended, hotkey newLocker // nil: not run on that workload
 	}{
-		{"raw", raw, raw},
-		{"script", func(_ *testing.B, rdb *redis.Client, prefix string) locker { return scriptLocker(rdb, prefix) }, handOverLocker},
+		{"raw", rawLocker, rawLocker},
+		{"script", scriptLocker, handOverLocker},
 		{"distlock", distlockLocker, distlockLocker},
 		{"do", doLocker, nil},
 	}
