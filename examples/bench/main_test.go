@@ -124,3 +124,22 @@ func TestMedian(t *testing.T) {
 	require.Equal(t, 1, m.Errors)
 	require.Equal(t, "boom", m.FirstError)
 }
+
+// The summary sets distlock beside the polling loop of its own cell only.
+func TestLockSummary(t *testing.T) {
+	t.Parallel()
+	hot := func(strategy string, workers, processes int, ops float64, p99 time.Duration) row {
+		return row{cell: cell{Workload: "decrement", Strategy: strategy, Keys: 1, Workers: workers, Processes: processes}, Throughput: ops, P99: p99}
+	}
+	rows := []row{
+		hot("distlock", 16, 4, 3000, 40*time.Millisecond),
+		hot("poll", 16, 4, 1500, 240*time.Millisecond),
+		hot("distlock", 64, 4, 3000, 130*time.Millisecond), // no poll in this cell
+		hot("poll", 64, 1, 500, time.Second),               // another cell: one process
+		{cell: cell{Workload: "decrement", Strategy: "distlock", Keys: 1000, Workers: 16, Processes: 4}, Throughput: 9000},
+		{cell: cell{Workload: "decrement", Strategy: "poll", Keys: 1000, Workers: 16, Processes: 4}, Throughput: 9000},
+	}
+	require.Equal(t, "- decrement, hot key, 16 worker(s) × 4 process(es): distlock at 2.00× the 1 ms polling loop, p99 40.00 against 240.00 ms.\n", lockSummary(rows))
+	require.Contains(t, summary(rows), "distlock at 2.00×")
+	require.Empty(t, lockSummary(rows[2:]))
+}

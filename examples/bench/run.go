@@ -135,6 +135,9 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	}
 	p.done()
 	writeTable(o.Stdout, rows)
+	if s := lockSummary(rows); s != "" {
+		fmt.Fprintf(o.Stdout, "\n%s", s)
+	}
 	fmt.Fprintf(o.Stdout, "\n%d cells in %s\n", len(rows), time.Since(started).Round(time.Second))
 	if o.Out != "" {
 		files, err := writeReport(ctx, admin, o, rows, time.Since(started))
