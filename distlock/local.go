@@ -46,7 +46,20 @@ func (s *keyState) empty() bool { return !s.busy && s.head == "" && len(s.deferr
 
 // undefer takes w out of the waiters deferred here.
 func (s *keyState) undefer(w *waiter) {
-	s.deferred = slices.DeleteFunc(s.deferred, func(d *waiter) bool { return d == w })
+	s.drop(func(d *waiter) bool { return d == w })
+}
+
+// drop takes the waiter that match picks out of those deferred here. It is
+// most often the oldest, whom a hand-over takes: that one leaves at once,
+// where any other costs a look at every waiter, which on a hot key is
+// every goroutine of the process that wants it.
+func (s *keyState) drop(match func(*waiter) bool) {
+	if len(s.deferred) > 0 && match(s.deferred[0]) {
+		s.deferred[0] = nil
+		s.deferred = s.deferred[1:]
+		return
+	}
+	s.deferred = slices.DeleteFunc(s.deferred, match)
 }
 
 // forgetIfEmpty drops key's state st when it says nothing any more; sh.mu
@@ -190,7 +203,7 @@ func (c *Client) released(key, tok string, first *waiter, next string, until tim
 	switch {
 	case next != "":
 		st.head, st.holding, st.until = next, true, until
-		st.deferred = slices.DeleteFunc(st.deferred, func(w *waiter) bool { return w.tok == next })
+		st.drop(func(w *waiter) bool { return w.tok == next })
 		if first != nil && first.tok != next {
 			first.sent = false
 		}

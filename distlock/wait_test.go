@@ -180,6 +180,40 @@ func TestCancelledWaitReturnsPromptly(t *testing.T) {
 	require.Zero(t, rdb.Exists(t.Context(), lockKey(prefix, "job")).Val(), "the lock went to a waiter that had left")
 }
 
+// A deferred waiter that gives up leaves its client's line at once, from
+// wherever it stands in it, and those behind it are served in their order.
+func TestDeferredWaiterLeavesTheLine(t *testing.T) {
+	t.Parallel()
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
+	ctx := t.Context()
+	holder, err := other.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	head := obtainAsync(ctx, c, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	var line []<-chan obtained
+	cancels := make([]context.CancelFunc, 3)
+	for i := range cancels {
+		var wctx context.Context
+		wctx, cancels[i] = context.WithCancel(ctx)
+		t.Cleanup(cancels[i])
+		line = append(line, obtainAsync(wctx, c, "job", time.Minute))
+		waitDeferred(t, c, "job", i+1)
+	}
+
+	cancels[1]()
+	got := receive(t, line[1], 5*time.Second)
+	require.ErrorIs(t, got.err, contend.ErrConflict)
+	require.ErrorIs(t, got.err, context.Canceled)
+	waitDeferred(t, c, "job", 2)
+
+	l := handOver(ctx, t, holder, head)
+	l = handOver(ctx, t, l, line[0])
+	l = handOver(ctx, t, l, line[2])
+	require.NoError(t, l.Release(ctx))
+	require.Zero(t, distlock.Deferred(c, "job"))
+	require.Zero(t, rdb.Exists(ctx, lockKey(prefix, "job")).Val(), "the lock went to the waiter that had left")
+}
+
 // An Obtain whose ctx ends before it has the lock gave up waiting, even
 // when that happens during its first attempt: busy and ctx's error, both.
 // TryObtain, which never waits, reports ctx's error only.
