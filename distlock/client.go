@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -740,6 +741,13 @@ func (c *Client) handedOver(ctx context.Context, key string, keys []string, tok 
 	} else if g.fence > 0 {
 		g.local, g.at = true, began
 		wake(w, g)
+		// Give the new holder this processor, as sync.Mutex's Unlock does
+		// in its starvation mode: on a hot key the hand-over is what every
+		// waiter waits for, and the woken goroutine would otherwise wait
+		// until this one blocks, or for another thread to wake and steal it,
+		// which on a VM can take longer than the round trip. The releaser,
+		// done with the lock, runs again on the next free processor.
+		runtime.Gosched()
 	}
 }
 
