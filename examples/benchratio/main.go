@@ -10,6 +10,11 @@
 // benchmarks with -count ≥ 5 so the medians mean something:
 //
 //	go test -run '^$' -bench . -count 6 ./atomic/ | go run ./examples/benchratio
+//
+// Both ratios are of time per op, library over raw (below 1 the library is
+// faster); throughput is the inverse, raw's time over the library's. A
+// second table pairs the metrics a benchmark reports with b.ReportMetric
+// (distlock's p99-ns and max/min) the same way, where raw reports them too.
 package main
 
 import (
@@ -24,8 +29,12 @@ import (
 	"text/tabwriter"
 )
 
-// line matches "BenchmarkX/a/b-2   1234   5678 ns/op ...".
-var line = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+([0-9.]+) ns/op`)
+// line matches "BenchmarkX/a/b-2   1234   5678 ns/op ..." and gives the
+// name and what follows the iteration count: value and unit pairs.
+var line = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+\d+\s+(.*)$`)
+
+// Runs are the samples of one benchmark: each unit's value, run by run.
+type runs map[string][]float64
 
 func main() {
 	samples, order, err := read(os.Stdin)
@@ -33,26 +42,64 @@ func main() {
 		fmt.Fprintln(os.Stderr, "benchratio:", err)
 		os.Exit(1)
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "benchmark\traw ns/op\tns/op\tratio\tpaired\tn\t")
-	paired := 0
-	for _, name := range order {
-		for _, floor := range floors(name, samples) {
-			r, c := median(samples[floor]), median(samples[name])
-			fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.3f\t%.3f\t%d\t\n", name, r, c, c/r, pairedRatio(samples[floor], samples[name]), min(len(samples[floor]), len(samples[name])))
-			paired++
-		}
-	}
-	w.Flush()
-	if paired == 0 {
+	if write(os.Stdout, samples, order) == 0 {
 		fmt.Fprintln(os.Stderr, "benchratio: no raw/library pairs in the input")
 		os.Exit(1)
 	}
 }
 
+// write prints the ns/op table and, if any benchmark pair reports other
+// metrics, the table of those; it returns how many pairs it printed.
+func write(out io.Writer, samples map[string]runs, order []string) int {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "benchmark\traw ns/op\tns/op\tratio\tpaired\tthroughput ×raw\tn\t")
+	type pair struct{ floor, name string }
+	var pairs []pair
+	for _, name := range order {
+		for _, floor := range floors(name, samples) {
+			r, l := samples[floor]["ns/op"], samples[name]["ns/op"]
+			if len(r) == 0 || len(l) == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.3f\t%.3f\t%.2f\t%d\t\n", name, median(r), median(l),
+				median(l)/median(r), pairedRatio(r, l), median(r)/median(l), min(len(r), len(l)))
+			pairs = append(pairs, pair{floor, name})
+		}
+	}
+	w.Flush()
+	header := false
+	for _, p := range pairs {
+		for _, unit := range units(samples[p.name]) {
+			r, l := samples[p.floor][unit], samples[p.name][unit]
+			if unit == "ns/op" || len(r) == 0 {
+				continue
+			}
+			if !header {
+				fmt.Fprintln(out)
+				fmt.Fprintln(w, "benchmark\tmetric\traw\tlibrary\tratio\tpaired\tn\t")
+				header = true
+			}
+			fmt.Fprintf(w, "%s\t%s\t%.4g\t%.4g\t%.3f\t%.3f\t%d\t\n", p.name, unit, median(r), median(l),
+				median(l)/median(r), pairedRatio(r, l), min(len(r), len(l)))
+		}
+	}
+	w.Flush()
+	return len(pairs)
+}
+
+// units returns the units r has values for, in a stable order.
+func units(r runs) []string {
+	var us []string
+	for u := range r {
+		us = append(us, u)
+	}
+	slices.Sort(us)
+	return us
+}
+
 // floors returns the raw sibling of name: the benchmark whose name differs
 // from it in one path segment, which is "raw" there.
-func floors(name string, samples map[string][]float64) []string {
+func floors(name string, samples map[string]runs) []string {
 	segs := strings.Split(name, "/")
 	var out []string
 	for i := 1; i < len(segs); i++ {
@@ -68,8 +115,8 @@ func floors(name string, samples map[string][]float64) []string {
 	return out
 }
 
-func read(r io.Reader) (map[string][]float64, []string, error) {
-	samples := map[string][]float64{}
+func read(r io.Reader) (map[string]runs, []string, error) {
+	samples := map[string]runs{}
 	var order []string
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
@@ -77,14 +124,21 @@ func read(r io.Reader) (map[string][]float64, []string, error) {
 		if m == nil {
 			continue
 		}
-		v, err := strconv.ParseFloat(m[2], 64)
-		if err != nil {
-			return nil, nil, err
+		fields := strings.Fields(m[2])
+		if len(fields)%2 != 0 {
+			return nil, nil, fmt.Errorf("%s: values and units do not pair up: %q", m[1], m[2])
 		}
 		if _, ok := samples[m[1]]; !ok {
 			order = append(order, m[1])
+			samples[m[1]] = runs{}
 		}
-		samples[m[1]] = append(samples[m[1]], v)
+		for i := 0; i < len(fields); i += 2 {
+			v, err := strconv.ParseFloat(fields[i], 64)
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", m[1], err)
+			}
+			samples[m[1]][fields[i+1]] = append(samples[m[1]][fields[i+1]], v)
+		}
 	}
 	return samples, order, sc.Err()
 }
