@@ -21,6 +21,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -69,7 +70,7 @@ func write(out io.Writer, samples map[string]runs, order []string) int {
 	w.Flush()
 	header := false
 	for _, p := range pairs {
-		for _, unit := range units(samples[p.name]) {
+		for _, unit := range slices.Sorted(maps.Keys(samples[p.name])) {
 			r, l := samples[p.floor][unit], samples[p.name][unit]
 			if unit == "ns/op" || len(r) == 0 {
 				continue
@@ -85,16 +86,6 @@ func write(out io.Writer, samples map[string]runs, order []string) int {
 	}
 	w.Flush()
 	return len(pairs)
-}
-
-// units returns the units r has values for, in a stable order.
-func units(r runs) []string {
-	var us []string
-	for u := range r {
-		us = append(us, u)
-	}
-	slices.Sort(us)
-	return us
 }
 
 // floors returns the raw sibling of name: the benchmark whose name differs
