@@ -70,7 +70,9 @@ func underLoad(t *testing.T, newOp func(t testing.TB, rdb *redis.Client, prefix 
 // fencing tokens increase strictly in the order the holders entered.
 func TestMutualExclusionAcrossProcesses(t *testing.T) {
 	res, counter, fences := underLoad(t, func(t testing.TB, rdb *redis.Client, prefix string) harness.Op {
-		c := newClient(t, rdb, distlock.Config{Prefix: prefix, TTL: 5 * time.Second})
+		// Leases long enough that a stalled process does not lose its
+		// lock: this test is about exclusion, the fault tests about stalls.
+		c := newClient(t, rdb, distlock.Config{Prefix: prefix, TTL: 5 * time.Second, GrantLease: 5 * time.Second})
 		return func(ctx context.Context, key string) error {
 			return c.Do(ctx, key, func(ctx context.Context) error {
 				l, _ := distlock.FromContext(ctx)
