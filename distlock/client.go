@@ -119,6 +119,11 @@ func (c *deadlineContext) Value(key any) any           { return c.parent.Value(k
 const healthInterval = 5 * time.Second
 
 // errMaxWait is the cause of a wait cut short by Config.MaxWait.
+// testHookDeferredWait, when set by a test, runs at the start of each turn
+// of a deferred waiter's wait loop: it stands for the scheduler pausing the
+// waiter there.
+var testHookDeferredWait func()
+
 var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.DeadlineExceeded)
 
 // ErrClosed reports a call on a [Client] after [Client.Close], or a wait that
@@ -506,6 +511,9 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		if giveUp = ctxErr(ctx); giveUp != nil {
 			break
 		}
+		if deferred && testHookDeferredWait != nil {
+			testHookDeferredWait()
+		}
 		sentAt := time.Now()
 		if !deferred {
 			queued = true
@@ -551,6 +559,11 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 			break
 		}
 		if g.seq == seq {
+			if deferred && !g.local {
+				// Queued by the release that took it along, not by an
+				// attempt of its own: the grant is no older than that.
+				sentAt = c.takenAt(key, w)
+			}
 			if l := c.accepted(key, keys, tok, ttl, g, sentAt); l != nil {
 				c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
 				return l, nil
@@ -575,7 +588,8 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 }
 
 // accepted returns the lock that grant g, made after the waiter's attempt
-// sent at sentAt, hands to tok, or nil if the waiter must check with Redis.
+// sent at sentAt (or, for a deferred waiter, after the release that took it
+// along began), hands to tok, or nil if the waiter must check with Redis.
 //
 // A grant from a release of this client's (local) is the full TTL, set by a
 // release that began at g.at: the lock is valid from then, and held here

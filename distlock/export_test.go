@@ -1,5 +1,7 @@
 package distlock
 
+import "testing"
+
 // Deferred returns how many of c's waiters for key wait behind its head
 // there, without being queued in Redis.
 func Deferred(c *Client, key string) int {
@@ -26,3 +28,10 @@ func Known(c *Client) int {
 
 // Listening reports whether c's subscription is confirmed.
 func Listening(c *Client) bool { return c.listening() }
+
+// SetDeferredWaitHook makes f run at the start of each turn of a deferred
+// waiter's wait loop, until the test ends.
+func SetDeferredWaitHook(t testing.TB, f func()) {
+	testHookDeferredWait = f
+	t.Cleanup(func() { testHookDeferredWait = nil })
+}

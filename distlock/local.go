@@ -76,6 +76,9 @@ type waiter struct {
 	ttl  time.Duration
 	wake chan grant
 	sent bool // may be queued in Redis or granted, by a release (under the shard's mu)
+	// takenAt is when a release last took it along (under the shard's mu):
+	// no grant that release queued it for is older.
+	takenAt time.Time
 }
 
 func newWaiter(tok string, ttl time.Duration) *waiter {
@@ -179,8 +182,17 @@ func (c *Client) releasing(key, tok string) (w *waiter, inTurn bool) {
 		return nil, false
 	}
 	w = st.deferred[0]
-	w.sent = true
+	w.sent, w.takenAt = true, time.Now()
 	return w, st.turn > 0
+}
+
+// takenAt returns when a release last took w, deferred for key, along; the
+// zero time if none did.
+func (c *Client) takenAt(key string, w *waiter) time.Time {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return w.takenAt
 }
 
 // released records the end of the release (or departure) of tok, key's

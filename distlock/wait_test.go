@@ -556,3 +556,41 @@ func TestTurnPassFromALostLock(t *testing.T) {
 	require.Greater(t, got.l.Fence(), l.Fence())
 	require.NoError(t, got.l.Release(ctx))
 }
+
+// A deferred waiter queued by its head's release, and granted the lock by
+// another process's release while it was paused (by the scheduler, say)
+// before it looked, counts its validity from the release that queued it:
+// never past the lease that grant began. Not parallel: it sets a hook that
+// every deferred waiter of the package runs.
+func TestPausedDeferredWaiterStaysInsideItsGrant(t *testing.T) {
+	const lease = 2 * time.Second
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute, GrantLease: lease})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	remote := obtainAsync(ctx, other, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+
+	paused, resume := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	distlock.SetDeferredWaitHook(t, func() { once.Do(func() { close(paused); <-resume }) })
+	local := obtainAsync(ctx, c, "job", time.Minute)
+	receive(t, paused, 5*time.Second)
+	waitDeferred(t, c, "job", 1)
+	waitListening(t, c)
+
+	// The holder's release grants the remote waiter and queues the local
+	// one behind it; the remote one's release grants the local one.
+	theirs := handOver(ctx, t, holder, remote)
+	waitQueued(t, rdb, prefix, "job", 1)
+	require.NoError(t, theirs.Release(ctx))
+	granted := time.Now() // no earlier than the grant
+	time.Sleep(lease / 3) // the waiter is still paused
+	close(resume)
+
+	got := receive(t, local, 5*time.Second)
+	require.NoError(t, got.err)
+	require.False(t, got.l.ValidUntil().After(granted.Add(lease)),
+		"valid until %v after the grant, past the %v lease it began", got.l.ValidUntil().Sub(granted), lease)
+	require.NoError(t, got.l.Release(ctx))
+}
