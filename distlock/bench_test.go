@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,6 +40,12 @@ import (
 //     handOverLocker). Each reports its p99 wait for the lock (p99-ns) and
 //     how unevenly the workers were served: the most acquisitions of a
 //     worker over the fewest (max/min).
+//
+// Every benchmark also reports the CPU time each op cost this process
+// (cpu-ns/op) and Redis (redis-cpu-ns/op, from INFO cpu), so that a ratio
+// that moves can be traced to the side that spent it: on a machine whose
+// cores the benchmark, its Redis client and Redis share, throughput is
+// bound by the sum, not by the round trip.
 
 const benchTTL = 10 * time.Second
 
@@ -191,9 +198,11 @@ func BenchmarkObtainRelease(b *testing.B) {
 				b.Run(impl.name+"/"+w.name+"/workers="+strconv.Itoa(workers), func(b *testing.B) {
 					rdb, prefix := testserver.Redis(b)
 					lock := newLock(b, rdb, prefix)
+					cpu := startCPU(b, rdb)
 					runWorkers(b, workers, w.report, func(ctx context.Context, worker int) (time.Duration, error) {
 						return lock(ctx, w.key(worker))
 					})
+					cpu.report(b)
 				})
 			}
 		}
@@ -236,4 +245,94 @@ func runWorkers(b *testing.B, workers int, report bool, op func(ctx context.Cont
 	}
 	// A worker that got none counts as one, so the ratio stays finite.
 	b.ReportMetric(float64(slices.Max(counts))/float64(max(slices.Min(counts), 1)), "max/min")
+}
+
+// A cpuMeter measures the CPU time that this process and Redis spend
+// between startCPU and report.
+type cpuMeter struct {
+	rdb           *redis.Client
+	client, redis time.Duration
+	clientOK      bool
+	redisErr      error
+}
+
+func startCPU(b *testing.B, rdb *redis.Client) cpuMeter {
+	m := cpuMeter{rdb: rdb}
+	m.client, m.clientOK = processCPU()
+	m.redis, m.redisErr = redisCPU(b.Context(), rdb)
+	return m
+}
+
+// report reports the CPU time spent since startCPU, per op.
+func (m cpuMeter) report(b *testing.B) {
+	if b.N == 0 {
+		return
+	}
+	if now, ok := processCPU(); ok && m.clientOK {
+		b.ReportMetric(float64(now-m.client)/float64(b.N), "cpu-ns/op")
+	}
+	if m.redisErr != nil {
+		b.Logf("no redis-cpu-ns/op: %v", m.redisErr)
+		return
+	}
+	now, err := redisCPU(b.Context(), m.rdb)
+	if err != nil {
+		b.Logf("no redis-cpu-ns/op: %v", err)
+		return
+	}
+	b.ReportMetric(float64(now-m.redis)/float64(b.N), "redis-cpu-ns/op")
+}
+
+// redisCPU returns the CPU time, user and system, that the Redis server
+// has used so far: used_cpu_user and used_cpu_sys of INFO cpu, seconds
+// with microseconds.
+func redisCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total time.Duration
+	found := 0
+	for line := range strings.Lines(info) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		seconds, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu: %s: %w", name, err)
+		}
+		total += time.Duration(seconds * float64(time.Second))
+		found++
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("INFO cpu has no used_cpu_user and used_cpu_sys")
+	}
+	return total, nil
+}
+
+// The benchmarks' CPU meters read something: a parse that found nothing
+// would report no redis-cpu-ns/op rather than a wrong one, and this fails.
+func TestBenchmarkCPUMeters(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	before, err := redisCPU(t.Context(), rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		if err := rdb.Set(t.Context(), prefix+"cpu", i, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, err := redisCPU(t.Context(), rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before <= 0 || after < before {
+		t.Fatalf("Redis CPU went from %v to %v", before, after)
+	}
+	if cpu, ok := processCPU(); ok && cpu <= 0 {
+		t.Fatalf("this process used %v of CPU", cpu)
+	}
 }

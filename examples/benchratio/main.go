@@ -14,7 +14,8 @@
 // Both ratios are of time per op, library over raw (below 1 the library is
 // faster); throughput is the inverse, raw's time over the library's. A
 // second table pairs the metrics a benchmark reports with b.ReportMetric
-// (distlock's p99-ns and max/min) the same way, where raw reports them too.
+// (distlock's p99-ns, max/min, cpu-ns/op and redis-cpu-ns/op) the same way,
+// where raw reports them too.
 package main
 
 import (
