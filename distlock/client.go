@@ -118,12 +118,17 @@ func (c *deadlineContext) Value(key any) any           { return c.parent.Value(k
 // pinged, so that a connection that died without a reset is noticed.
 const healthInterval = 5 * time.Second
 
-// errMaxWait is the cause of a wait cut short by Config.MaxWait.
 // testHookDeferredWait, when set by a test, runs at the start of each turn
 // of a deferred waiter's wait loop: it stands for the scheduler pausing the
 // waiter there.
 var testHookDeferredWait func()
 
+// testHookHandedOver, when set by a test, runs when a release that handed
+// the lock to a waiter of its client has its script's reply, before it
+// tells the waiter: it stands for the scheduler pausing the releaser there.
+var testHookHandedOver func()
+
+// errMaxWait is the cause of a wait cut short by Config.MaxWait.
 var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.DeadlineExceeded)
 
 // ErrClosed reports a call on a [Client] after [Client.Close], or a wait that
@@ -748,16 +753,25 @@ func (c *Client) unsure(key, tok string, first *waiter) {
 // of this client, at began: next holds it for its TTL from then, and is
 // woken with g.
 func (c *Client) handedOver(ctx context.Context, key string, keys []string, tok string, first *waiter, next string, g grant, began time.Time, inTurn bool) {
+	if testHookHandedOver != nil {
+		testHookHandedOver()
+	}
 	w := c.waiter(next)
+	// A waiter no longer registered has given up, or it has found the
+	// grant by an attempt of its own (a recheck while this release was
+	// under way) and holds the lock: it recorded that, with held, before
+	// it stopped waiting. Only the one that gave up left a lock nobody
+	// holds, for this release to pass on; so did tok, if the grant was
+	// its own.
+	gaveUp := w == nil && (next == tok || !c.holding(key, next))
 	until := began
 	if w != nil {
 		until = began.Add(w.ttl)
 	}
 	c.released(key, tok, first, next, until, inTurn)
-	if w == nil {
-		// It has given up meanwhile: pass the lock on.
+	if gaveUp {
 		c.leave(ctx, key, keys, next)
-	} else if g.fence > 0 {
+	} else if w != nil && g.fence > 0 {
 		g.local, g.at = true, began
 		wake(w, g)
 		// Give the new holder this processor, as sync.Mutex's Unlock does

@@ -35,3 +35,11 @@ func SetDeferredWaitHook(t testing.TB, f func()) {
 	testHookDeferredWait = f
 	t.Cleanup(func() { testHookDeferredWait = nil })
 }
+
+// SetHandedOverHook makes f run in each release that hands the lock to a
+// waiter of its client, between the script's reply and waking the waiter,
+// until the test ends.
+func SetHandedOverHook(t testing.TB, f func()) {
+	testHookHandedOver = f
+	t.Cleanup(func() { testHookHandedOver = nil })
+}

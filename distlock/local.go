@@ -155,6 +155,15 @@ func (c *Client) held(key, tok string, until time.Time) {
 	st.turn = len(st.deferred)
 }
 
+// holding reports whether tok holds key here, as held recorded.
+func (c *Client) holding(key, tok string) bool {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	st := sh.keys[key]
+	return st != nil && st.head == tok && st.holding
+}
+
 // queuedHere records that tok, a waiter of this client, is in key's queue
 // in Redis: the head, unless the client has another.
 func (c *Client) queuedHere(key, tok string) {

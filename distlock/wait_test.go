@@ -594,3 +594,30 @@ func TestPausedDeferredWaiterStaysInsideItsGrant(t *testing.T) {
 		"valid until %v after the grant, past the %v lease it began", got.l.ValidUntil().Sub(granted), lease)
 	require.NoError(t, got.l.Release(ctx))
 }
+
+// A waiter that its client's release hands the lock to can find the grant
+// by an attempt of its own, when its recheck comes while the release is
+// under way, and return holding the lock before the release wakes it. The
+// release must not take it for a waiter that gave up, and pass the lock on
+// from under it. Not parallel: every hand-over runs the hook.
+func TestHandOverToAWaiterThatFoundTheGrantItself(t *testing.T) {
+	c, _, _ := setup(t, distlock.Config{Recheck: 20 * time.Millisecond})
+	ctx := t.Context()
+	holder, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	local := obtainAsync(ctx, c, "job", time.Minute)
+	waitDeferred(t, c, "job", 1)
+	waitListening(t, c)
+
+	var (
+		got  obtained
+		once sync.Once
+	)
+	distlock.SetHandedOverHook(t, func() { once.Do(func() { got = receive(t, local, 5*time.Second) }) })
+	require.NoError(t, holder.Release(ctx))
+	require.NoError(t, got.err)
+	require.Greater(t, got.l.Fence(), holder.Fence())
+	_, err = got.l.TTL(ctx)
+	require.NoError(t, err, "the release passed on the lock that the waiter holds")
+	require.NoError(t, got.l.Release(ctx))
+}

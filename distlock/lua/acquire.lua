@@ -10,7 +10,14 @@ local cur = redis.call('GET', KEYS[1])
 if holds(cur, token) then
   -- A release granted it to this waiter (whose message may be late or
   -- lost): accept it for the full ttl. The counter has not moved since the
-  -- grant, because nobody else can take the lock while it is held.
+  -- grant, because nobody else can take the lock while it is held. A grant
+  -- handed over within the waiter's process takes no look at the queue, so
+  -- the place that an earlier attempt of the waiter took may still be
+  -- there: left, a later release would grant the lock to a token that
+  -- holds it already, or that has let it go.
+  if redis.call('HDEL', KEYS[4], token) == 1 then
+    redis.call('LREM', KEYS[3], 1, token)
+  end
   redis.call('PEXPIRE', KEYS[1], ttl)
   return {1, tonumber(redis.call('GET', KEYS[2]))}
 end
