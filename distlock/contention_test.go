@@ -69,10 +69,26 @@ func underLoad(t *testing.T, newOp func(t testing.TB, rdb *redis.Client, prefix 
 // Mutual exclusion across processes, checked: the counter is exact, and the
 // fencing tokens increase strictly in the order the holders entered.
 func TestMutualExclusionAcrossProcesses(t *testing.T) {
+	requireExclusion(t, distlock.Config{})
+}
+
+// The same, with waiters that check the lock by themselves every few
+// milliseconds instead of every half second: their attempts then race the
+// releases that hand them the lock all the time, where with the default a
+// few of them a run do.
+func TestMutualExclusionWithWaitersRechecking(t *testing.T) {
+	requireExclusion(t, distlock.Config{Recheck: 5 * time.Millisecond})
+}
+
+// requireExclusion checks mutual exclusion and fencing order under load,
+// with clients made from cfg.
+func requireExclusion(t *testing.T, cfg distlock.Config) {
 	res, counter, fences := underLoad(t, func(t testing.TB, rdb *redis.Client, prefix string) harness.Op {
 		// Leases long enough that a stalled process does not lose its
 		// lock: this test is about exclusion, the fault tests about stalls.
-		c := newClient(t, rdb, distlock.Config{Prefix: prefix, TTL: 5 * time.Second, GrantLease: 5 * time.Second})
+		cfg := cfg
+		cfg.Prefix, cfg.TTL, cfg.GrantLease = prefix, 5*time.Second, 5*time.Second
+		c := newClient(t, rdb, cfg)
 		return func(ctx context.Context, key string) error {
 			return c.Do(ctx, key, func(ctx context.Context) error {
 				l, _ := distlock.FromContext(ctx)
