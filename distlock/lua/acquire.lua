@@ -15,9 +15,7 @@ if holds(cur, token) then
   -- the place that an earlier attempt of the waiter took may still be
   -- there: left, a later release would grant the lock to a token that
   -- holds it already, or that has let it go.
-  if redis.call('HDEL', KEYS[4], token) == 1 then
-    redis.call('LREM', KEYS[3], 1, token)
-  end
+  dequeue(token)
   redis.call('PEXPIRE', KEYS[1], ttl)
   return {1, tonumber(redis.call('GET', KEYS[2]))}
 end

@@ -59,6 +59,13 @@ local function waiter_entry(deadline, grant_ms, ttl_ms, seq, channel)
   return deadline .. ' ' .. grant_ms .. ' ' .. ttl_ms .. ' ' .. seq .. ' ' .. channel
 end
 
+-- dequeue takes waiter t out of line, if it is there.
+local function dequeue(t)
+  if redis.call('HDEL', KEYS[4], t) == 1 then
+    redis.call('LREM', KEYS[3], 1, t)
+  end
+end
+
 -- enqueue puts waiter t in line with its entry, or renews its place if it
 -- is there already; pushes the queue's expiry past its lease, so that an
 -- abandoned queue disappears by itself; and marks cur, the lock's value, if

@@ -14,9 +14,7 @@
 -- grant the message of a grant to a waiter of the caller's own process,
 -- which the caller wakes, or ''; turn 1 when that was a hand-over in turn.
 local token, channel, next = ARGV[1], ARGV[3], ARGV[5]
-if ARGV[2] == '1' and redis.call('HDEL', KEYS[4], token) == 1 then
-  redis.call('LREM', KEYS[3], 1, token)
-end
+if ARGV[2] == '1' then dequeue(token) end
 
 -- queue_next queues the caller's waiter, as its attempt 1, behind cur, the
 -- lock's value (false for a grant's lock, which needs no mark).
