@@ -7,6 +7,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,20 +32,50 @@ type Refresh func(ctx context.Context) (held bool, err error)
 // hold before it and joins the queue without touching the timer; the timer
 // moves only when a hold is due sooner than all the others, or when it fires.
 //
+// The same timer keeps each lease's deadline. A hold is told it lost its
+// lease when the lease's validity passes without a successful refresh,
+// whether or not a refresh call is still under way: a client may not give
+// up a call when its ctx ends (go-redis by default does not; it sends again
+// after a read timeout), and a promise about time kept by waiting for a
+// network call is kept only as well as the network answers.
+//
 // Each guard that starts holds owns one Timers. The zero value is ready; a
 // Timers must not be copied after first use. The timer is a time.AfterFunc:
 // no goroutine waits for it, and each due refresh runs on a goroutine of its
-// own, which [Hold.Stop] waits for.
+// own, which [Hold.Stop] does not wait for and [Timers.Wait] does.
 type Timers struct {
-	mu    sync.Mutex // protects the fields below and every queued Hold's due and index
-	queue holdQueue  // the holds waiting for their next refresh, soonest first
-	timer *time.Timer
-	at    time.Time // when timer fires; zero while it is stopped
+	// mu protects the fields below and every Hold's fields marked as guarded
+	// by it. It is the only lock in this package, so that fire, which finds a
+	// hold's validity passed, can decide its loss against a refresh returning
+	// or a Stop at the same moment without a lock order to keep.
+	mu      sync.Mutex
+	queue   holdQueue // every hold not yet lost or ended, by when fire must next look at it
+	timer   *time.Timer
+	at      time.Time     // when timer fires; zero while it is stopped
+	running int           // refresh goroutines started and not yet ended
+	idle    chan struct{} // closed when running drops to zero; nil until a Wait needs it
 }
 
 // A Hold refreshes one lease from its owner's [Timers]: no goroutine waits
-// beside the work, and Stop only takes the hold off the queue, unless a
-// refresh is under way, which it waits for.
+// beside the work, and Stop only takes the hold off the queue.
+//
+// Its states, each changed under timers.mu:
+//
+//	state       queued, due at          leaves for
+//	waiting     the next refresh        refreshing: fire finds it due before valid
+//	            (never after valid)     lost: fire finds valid passed
+//	refreshing  valid                   waiting: the refresh returns in time, held or failed
+//	                                    lost: fire finds valid passed (the refresh may still
+//	                                    be under way), or it returns held=false, or returns
+//	                                    at all only once valid passed
+//	lost        no                      (final: ctx cancelled with lost)
+//	ended       no                      (final: Stop was called, or fire or a returning
+//	                                    refresh found the parent ctx ended)
+//
+// Stop moves a hold from any state to ended, keeping lost if it was lost.
+// So a hold is queued exactly while it may still be refreshed or lost, at
+// most one refresh of it runs at a time, and what a refresh returns once its
+// hold has left the queue changes nothing.
 type Hold struct {
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
@@ -54,21 +85,20 @@ type Hold struct {
 	timers   *Timers
 
 	// Guarded by timers.mu.
-	due   time.Time // when the next refresh is due
-	index int       // in timers.queue; -1 when not queued
-
-	mu      sync.Mutex    // protects the fields below; taken before timers.mu, never after
-	valid   time.Time     // when the lease ends unless refreshed
-	running chan struct{} // non-nil while a refresh runs; closed when it has ended
-	stopped bool
-	lost    error
+	due        time.Time // when fire next looks at the hold: its next refresh, or valid
+	index      int       // in timers.queue; -1 once lost or ended
+	valid      time.Time // when the lease ends unless a refresh succeeds first
+	refreshing bool      // a refresh goroutine of this hold has not yet returned
+	lastErr    error     // of the last refresh, if it failed; nil after a success
+	lost       error
 }
 
 // Start refreshes a lease of length ttl every ttl/3, starting from the moment
 // obtained at which the attempt that obtained it began. The returned Hold's
 // context is parent's, cancelled with cause [contend.ErrLockLost] as soon as a
 // refresh finds the lease gone or its validity passes without a successful
-// refresh. Call [Hold.Stop] when the work is done.
+// refresh, even while a refresh call has not returned. Call [Hold.Stop] when
+// the work is done.
 func (t *Timers) Start(parent context.Context, obtained time.Time, ttl time.Duration, refresh Refresh) *Hold {
 	ctx, cancel := context.WithCancelCause(parent)
 	h := &Hold{
@@ -80,99 +110,231 @@ func (t *Timers) Start(parent context.Context, obtained time.Time, ttl time.Dura
 		// server granted.
 		valid: obtained.Add(ttl),
 	}
-	t.schedule(h, time.Now().Add(h.interval))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	// The first refresh is due a third of the lease after it began, or now
+	// if obtaining it took longer than that.
+	h.due = h.beforeValid(later(time.Now(), obtained.Add(h.interval)))
+	heap.Push(&t.queue, h)
+	if t.at.IsZero() || h.due.Before(t.at) {
+		t.arm(h.due)
+	}
 	return h
 }
 
 // Context is the context the work must run under.
 func (h *Hold) Context() context.Context { return h.ctx }
 
-// Stop stops refreshing, waiting for a refresh under way to end, so that
-// none runs after it returns. It returns an error matching
-// [contend.ErrLockLost] when the lease was lost before Stop was called.
-// Stop must be called exactly once.
+// Stop stops refreshing and ends the hold's context. It returns an error
+// matching [contend.ErrLockLost] when the lease was lost before Stop was
+// called. Stop must be called exactly once.
+//
+// Stop does not wait for a refresh under way, which may not return for
+// long, and whatever that refresh returns changes nothing. It can still
+// extend the lease only if it reaches the backend before the release that
+// follows Stop, which then removes the lease anyway. [Timers.Wait] waits for
+// it.
 func (h *Hold) Stop() error {
-	h.mu.Lock()
-	h.stopped = true
-	running := h.running
-	h.mu.Unlock()
-	if running != nil {
-		<-running
-	}
-	// After the refresh under way, if any: it may have queued the hold
-	// again before it saw stopped.
-	h.timers.remove(h)
-	h.cancel(context.Canceled)
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.lost
-}
-
-// tick is one refresh, run when h is due, which queues h again unless the
-// lease is lost, the work's ctx has ended, or Stop was called.
-func (h *Hold) tick() {
-	h.mu.Lock()
-	if h.stopped || h.ctx.Err() != nil {
-		h.mu.Unlock()
-		return // stopped, or the caller gave up: the work is ending anyway
-	}
-	done := make(chan struct{})
-	h.running = done
-	valid := h.valid
-	h.mu.Unlock()
-	defer close(done)
-
-	began := time.Now()
-	// Each attempt is bounded by what is left of the lease, so a hung
-	// backend cannot keep the work running past the point it is covered.
-	rctx, cancel := context.WithDeadline(context.WithoutCancel(h.ctx), valid)
-	held, err := h.refresh(rctx)
-	cancel()
-
-	h.mu.Lock()
-	h.running = nil
-	var next time.Duration
-	switch {
-	case err == nil && held:
-		h.valid = began.Add(h.ttl)
-		next = h.interval
-	case err == nil:
-		h.lost = fmt.Errorf("lease taken over or released by someone else: %w", contend.ErrLockLost)
-	case time.Now().Before(valid):
-		// A failed attempt: try again soon, while the lease still holds.
-		next = min(h.interval, max(time.Until(valid)/2, time.Millisecond))
-	default:
-		h.lost = fmt.Errorf("lease expired before a refresh succeeded (last: %v): %w", err, contend.ErrLockLost)
-	}
-	lost := h.lost
-	if lost == nil && !h.stopped {
-		h.timers.schedule(h, time.Now().Add(next))
-	}
-	h.mu.Unlock()
-	if lost != nil {
-		h.cancel(lost)
-	}
-}
-
-// schedule queues h to be refreshed at due. It moves the timer only when h
-// is due before the timer fires.
-func (t *Timers) schedule(h *Hold, due time.Time) {
+	t := h.timers
 	t.mu.Lock()
-	defer t.mu.Unlock()
-	h.due = due
-	heap.Push(&t.queue, h)
-	if t.at.IsZero() || due.Before(t.at) {
-		t.arm(due)
-	}
-}
-
-// remove takes h off the queue, if it is there. The timer stays as it is:
-// when it fires for nothing, it is set for the next hold, or stopped.
-func (t *Timers) remove(h *Hold) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	if h.index >= 0 {
 		heap.Remove(&t.queue, h.index)
+	}
+	lost := h.lost
+	t.mu.Unlock()
+	h.cancel(context.Canceled) // no-op when lost: it was cancelled with the loss
+	return lost
+}
+
+// Wait waits until no refresh of t's holds is under way, or until ctx ends,
+// when it returns an error wrapping [context.Cause] of ctx. An owner's Close
+// stops its holds and then calls Wait, so that no goroutine of t outlives the
+// owner; a hold not yet stopped may start a refresh after Wait returned.
+func (t *Timers) Wait(ctx context.Context) error {
+	t.mu.Lock()
+	if t.running == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	if t.idle == nil {
+		t.idle = make(chan struct{})
+	}
+	idle := t.idle
+	t.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("keepalive: wait for refreshes under way: %w", context.Cause(ctx))
+	}
+}
+
+// fire acts on every hold whose due time has come: it loses each whose
+// validity passed, drops each whose work's ctx ended, and starts a refresh
+// of each other on a goroutine of its own, so that one slow backend call
+// delays no other hold's. It then sets the timer for the next due hold. A
+// fire that finds the timer reset meanwhile (or comes twice) does no harm: it
+// acts on what is due and sets the timer again.
+func (t *Timers) fire() {
+	t.mu.Lock()
+	now := time.Now()
+	var refreshes []refreshing
+	for len(t.queue) > 0 && !t.queue[0].due.After(now) {
+		h := t.queue[0]
+		switch {
+		case h.ctx.Err() != nil:
+			// The caller gave up (Stop would have dequeued it): the work is
+			// ending anyway, and that is not a lost lease.
+			heap.Pop(&t.queue)
+		case !now.Before(h.valid):
+			heap.Pop(&t.queue)
+			h.lose(h.expired(false))
+		default:
+			// Due for a refresh. It stays queued, due at its validity, so
+			// that the timer tells the loss if the refresh has not
+			// succeeded by then; as refreshing, it is not refreshed again
+			// until this refresh returns.
+			h.due = h.valid
+			heap.Fix(&t.queue, 0)
+			// Each attempt is bounded by what is left of the lease, so a
+			// client that keeps to its ctx abandons a hung backend when the
+			// lease can no longer be proven held.
+			ctx, cancel := context.WithDeadline(context.WithoutCancel(h.ctx), h.valid)
+			h.refreshing = true
+			t.running++
+			refreshes = append(refreshes, refreshing{h, ctx, cancel})
+		}
+	}
+	if len(t.queue) > 0 {
+		t.arm(t.queue[0].due)
+	} else {
+		t.at = time.Time{}
+		t.timer.Stop()
+	}
+	t.mu.Unlock()
+	for _, r := range refreshes {
+		go r.run()
+	}
+}
+
+// refreshing is a refresh fire started, for the goroutine that runs it.
+type refreshing struct {
+	h      *Hold
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// run is one refresh of a hold fire found due. It requeues the hold for its
+// next refresh if the lease is still valid when the refresh returns, and
+// loses it if the lease is gone; if the hold left the queue while the
+// refresh ran (Stop, or fire losing it), the result changes nothing, so a
+// late success never revives a hold that was told it lost.
+func (r refreshing) run() {
+	h, t := r.h, r.h.timers
+	t.mu.Lock()
+	gone := h.index < 0
+	t.mu.Unlock()
+	var held bool
+	var err error
+	began := time.Now()
+	if !gone { // else Stop or a loss came between fire and here: spare the backend a call
+		held, err = h.refresh(r.ctx)
+	}
+	r.cancel()
+
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	defer t.ended()
+	h.refreshing = false
+	if h.index < 0 {
+		return
+	}
+	now := time.Now()
+	switch {
+	case h.ctx.Err() != nil:
+		heap.Remove(&t.queue, h.index) // as in fire: the caller gave up
+	case err == nil && !held:
+		heap.Remove(&t.queue, h.index)
+		h.lose(fmt.Errorf("lease taken over or released by someone else: %w", contend.ErrLockLost))
+	case !now.Before(h.valid):
+		// Returned, held or not, only once the validity passed, before
+		// fire got to it: the loss is the timer's to tell, and is the same.
+		if err != nil {
+			h.lastErr = err
+		}
+		heap.Remove(&t.queue, h.index)
+		h.lose(h.expired(err == nil && held))
+	case err == nil:
+		h.valid, h.lastErr = began.Add(h.ttl), nil
+		t.requeue(h, now.Add(h.interval))
+	default:
+		// A failed attempt: try again soon, while the lease still holds.
+		h.lastErr = err
+		t.requeue(h, now.Add(min(h.interval, max(h.valid.Sub(now)/2, time.Millisecond))))
+	}
+}
+
+// lose ends h's work with cause lost. Called with timers.mu held, with h off
+// the queue: cancelling under the lock makes h.lost and the ctx's cause one
+// fact for a Stop at the same moment, and cannot deadlock, since cancelling
+// calls nothing of this package (context.AfterFunc's functions run on
+// goroutines of their own).
+func (h *Hold) lose(lost error) {
+	h.lost = lost
+	h.cancel(lost)
+}
+
+// expired is the loss of a hold whose validity passed without a successful
+// refresh; late tells that a refresh succeeded, but only after it. Called
+// with timers.mu held.
+func (h *Hold) expired(late bool) error {
+	var why []string
+	if h.lastErr != nil {
+		// %v, not %w: the backend's error (often a ctx deadline) must not
+		// make the loss look like the caller's own ctx ending.
+		why = append(why, fmt.Sprintf("last error: %v", h.lastErr))
+	}
+	if h.refreshing {
+		why = append(why, "a refresh was still under way")
+	}
+	if late {
+		why = append(why, "a refresh succeeded only after it")
+	}
+	var detail string
+	if len(why) > 0 {
+		detail = " (" + strings.Join(why, "; ") + ")"
+	}
+	return fmt.Errorf("lease validity passed without a successful refresh%s: %w", detail, contend.ErrLockLost)
+}
+
+// beforeValid is when h's next refresh is due, if at is before its validity,
+// and its validity otherwise, when fire loses it: a refresh then could not
+// begin before the lease it would extend is gone.
+func (h *Hold) beforeValid(at time.Time) time.Time {
+	if at.Before(h.valid) {
+		return at
+	}
+	return h.valid
+}
+
+// requeue moves h, queued due at its validity while it was refreshed, to be
+// refreshed at next. It moves the timer only when h is due before the timer
+// fires. Called with t.mu held.
+func (t *Timers) requeue(h *Hold, next time.Time) {
+	h.due = h.beforeValid(next)
+	heap.Fix(&t.queue, h.index)
+	if t.at.IsZero() || h.due.Before(t.at) {
+		t.arm(h.due)
+	}
+}
+
+// ended counts a refresh goroutine out, and lets Wait return when it was
+// the last. Called with t.mu held.
+func (t *Timers) ended() {
+	t.running--
+	if t.running == 0 && t.idle != nil {
+		close(t.idle)
+		t.idle = nil
 	}
 }
 
@@ -185,29 +347,6 @@ func (t *Timers) arm(when time.Time) {
 		return
 	}
 	t.timer.Reset(d)
-}
-
-// fire refreshes every hold that is due, each on a goroutine of its own so
-// that one slow backend call delays no other hold's, and sets the timer for
-// the next one. A fire that finds the timer reset meanwhile (or comes twice)
-// does no harm: it runs what is due and sets the timer again.
-func (t *Timers) fire() {
-	t.mu.Lock()
-	now := time.Now()
-	var due []*Hold
-	for len(t.queue) > 0 && !t.queue[0].due.After(now) {
-		due = append(due, heap.Pop(&t.queue).(*Hold))
-	}
-	if len(t.queue) > 0 {
-		t.arm(t.queue[0].due)
-	} else {
-		t.at = time.Time{}
-		t.timer.Stop()
-	}
-	t.mu.Unlock()
-	for _, h := range due {
-		go h.tick()
-	}
 }
 
 // holdQueue is a min-heap of holds by due time, for container/heap.
@@ -231,4 +370,11 @@ func (q *holdQueue) Pop() any {
 	h.index = -1
 	*q = old[:len(old)-1]
 	return h
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
