@@ -1,0 +1,272 @@
+// Package scriptbatch sends the Redis scripts of concurrent callers
+// together, and lets each caller stop waiting when its ctx ends, whatever
+// the Redis client does.
+//
+// While as many sends are under way as the Redis client has connections
+// (see [Limit]), later calls queue, and the first send to finish takes the
+// queue, whole, and sends it as one pipeline. A lone caller's script goes
+// out at once, on its own; under load each round trip, and each read and
+// write on both ends, serves a batch. What each script does, and the order
+// in which Redis runs one goroutine's scripts, do not change.
+//
+// go-redis ignores ctx deadlines unless its client was built with
+// ContextTimeoutEnabled, and re-sends a command after a read timeout, so a
+// call on a network that stopped answering returns only when the client's
+// read timeouts and retries have run out. On such a client a call whose
+// ctx can end runs on a goroutine of the Sender's, and [Sender.Run] returns
+// when the reply arrives or ctx ends, whichever comes first. An abandoned
+// call may still run on the server: its caller must treat the outcome as
+// unknown. [Sender.Close] waits for abandoned calls to end. A client that
+// honours ctx deadlines ([HonoursDeadlines]) ends such a call by itself,
+// and its calls run on the caller's goroutine, which costs less.
+package scriptbatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrAbandoned reports a call whose ctx ended before its reply arrived. It
+// is joined with ctx's cause.
+var ErrAbandoned = errors.New("scriptbatch: gave up waiting for the reply")
+
+// Client is what a Sender needs of go-redis; [redis.UniversalClient]
+// satisfies it.
+type Client interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+}
+
+// Limit is how many sends (single scripts or batches) may be under way at
+// once: as many as rdb has connections. Below that, a call held back for a
+// batch would wait for a round trip although a connection was free; above
+// it, go-redis makes the call wait for a connection anyway, and in a batch
+// that wait also saves a write and a read on both ends. It is never below
+// 2, so that a send stuck on a dead connection does not hold up every
+// other call for its timeout.
+func Limit(rdb any) int {
+	n := 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
+	switch o := rdb.(type) {
+	case interface{ Options() *redis.Options }:
+		n = o.Options().PoolSize
+	case interface{ Options() *redis.ClusterOptions }:
+		n = o.Options().PoolSize
+	}
+	return max(n, 2)
+}
+
+// HonoursDeadlines reports whether rdb ends a call when its ctx's deadline
+// passes: a go-redis client built with ContextTimeoutEnabled.
+func HonoursDeadlines(rdb any) bool {
+	switch o := rdb.(type) {
+	case interface{ Options() *redis.Options }:
+		return o.Options().ContextTimeoutEnabled
+	case interface{ Options() *redis.ClusterOptions }:
+		return o.Options().ContextTimeoutEnabled
+	}
+	return false
+}
+
+// A Sender sends scripts to one Redis client. It is safe for simultaneous
+// use by multiple goroutines. Its goroutines, at most one per send under
+// way, wait for the next send when done with one, so that their stacks,
+// grown by the Redis client's calls, serve the next; [Sender.Close] ends
+// them.
+type Sender struct {
+	rdb    Client
+	limit  int
+	inline bool          // rdb honours ctx deadlines: send on the caller's goroutine
+	work   chan []*call  // hands a batch to a waiting goroutine
+	quit   chan struct{} // closed by Close
+	once   sync.Once     // closes quit
+
+	mu      sync.Mutex    // protects the fields below
+	sending int           // sends under way
+	queue   []*call       // calls waiting for the next batch, oldest first
+	workers int           // goroutines of the Sender...
+	waiting int           // ...of which waiting for the next batch
+	gone    chan struct{} // closed when workers drops to 0; nil while it is 0
+}
+
+// New returns a Sender that sends to rdb with at most limit sends under
+// way at once.
+func New(rdb Client, limit int) *Sender {
+	return &Sender{
+		rdb: rdb, limit: max(limit, 1), inline: HonoursDeadlines(rdb),
+		work: make(chan []*call), quit: make(chan struct{}),
+	}
+}
+
+// A call is one script call, queued or sent.
+type call struct {
+	ctx    context.Context
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd    // set before done is closed
+	done   chan struct{} // closed when cmd is set
+}
+
+// Run runs script and returns its reply, or, when ctx ends first, an error
+// matching [ErrAbandoned] and ctx's cause: the script may still run. Run
+// works after Close too.
+func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cl := &call{ctx: ctx, script: script, keys: keys, args: args}
+	s.mu.Lock()
+	if s.sending >= s.limit {
+		cl.done = make(chan struct{})
+		s.queue = append(s.queue, cl)
+		s.mu.Unlock()
+		return cl.wait()
+	}
+	s.sending++
+	s.mu.Unlock()
+	if ctx.Done() == nil || s.inline {
+		// Nothing can cut the wait short, or the client will: send it on
+		// this goroutine.
+		s.send([]*call{cl})
+		if next := s.next(); next != nil {
+			s.start(next)
+		}
+		return cl.cmd
+	}
+	cl.done = make(chan struct{})
+	s.start([]*call{cl})
+	return cl.wait()
+}
+
+// Close ends the Sender's goroutines once their sends are done, and waits
+// for them: for those that wait for work, which end at once, always; for
+// those whose sends are under way (calls abandoned on a network that does
+// not answer), until ctx ends.
+func (s *Sender) Close(ctx context.Context) error {
+	s.once.Do(func() { close(s.quit) })
+	s.mu.Lock()
+	gone, busy := s.gone, s.workers > s.waiting
+	s.mu.Unlock()
+	if gone == nil {
+		return nil
+	}
+	if !busy {
+		<-gone
+		return nil
+	}
+	select {
+	case <-gone:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("scriptbatch: calls still under way: %w", context.Cause(ctx))
+	}
+}
+
+func (cl *call) wait() *redis.Cmd {
+	select {
+	case <-cl.done:
+		return cl.cmd
+	case <-cl.ctx.Done():
+		cmd := redis.NewCmd(cl.ctx)
+		cmd.SetErr(fmt.Errorf("%w: %w", ErrAbandoned, context.Cause(cl.ctx)))
+		return cmd
+	}
+}
+
+// start hands batch to a goroutine of the Sender that waits for one, or to
+// a new one.
+func (s *Sender) start(batch []*call) {
+	select {
+	case s.work <- batch:
+		return
+	default:
+	}
+	s.mu.Lock()
+	if s.workers++; s.gone == nil {
+		s.gone = make(chan struct{})
+	}
+	s.mu.Unlock()
+	go s.worker(batch)
+}
+
+// worker sends batch, then the calls that queued meanwhile, until none did;
+// then it waits to be handed the next batch, until Close.
+func (s *Sender) worker(batch []*call) {
+	defer s.exit()
+	for {
+		s.send(batch)
+		if batch = s.next(); batch != nil {
+			continue
+		}
+		s.mu.Lock()
+		s.waiting++
+		s.mu.Unlock()
+		select {
+		case batch = <-s.work:
+		case <-s.quit:
+		}
+		s.mu.Lock()
+		s.waiting--
+		s.mu.Unlock()
+		if batch == nil {
+			return
+		}
+	}
+}
+
+// exit counts a worker out, and lets Close return when it was the last.
+func (s *Sender) exit() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.workers--; s.workers == 0 {
+		close(s.gone)
+		s.gone = nil
+	}
+}
+
+// next takes the calls queued during a send, the next batch, or, when
+// there are none, ends the send and returns nil.
+func (s *Sender) next() []*call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	batch := s.queue
+	s.queue = nil
+	if len(batch) == 0 {
+		s.sending--
+		return nil
+	}
+	return batch
+}
+
+// send sends batch, one script alone or several as one pipeline, and sets
+// each call's reply. A batch runs on the first call's ctx values, without
+// its cancellation: the others wait for it too.
+func (s *Sender) send(batch []*call) {
+	if len(batch) == 1 {
+		cl := batch[0]
+		cl.cmd = cl.script.Run(cl.ctx, s.rdb, cl.keys, cl.args...)
+		cl.finish()
+		return
+	}
+	ctx := context.WithoutCancel(batch[0].ctx)
+	pipe := s.rdb.Pipeline()
+	for _, cl := range batch {
+		cl.cmd = cl.script.EvalSha(ctx, pipe, cl.keys, cl.args...)
+	}
+	_, _ = pipe.Exec(ctx) // each reply, or error, is in its cmd
+	for _, cl := range batch {
+		// Redis lost its scripts (a restart, SCRIPT FLUSH): send the body.
+		if redis.HasErrorPrefix(cl.cmd.Err(), "NOSCRIPT") {
+			cl.cmd = cl.script.Run(ctx, s.rdb, cl.keys, cl.args...)
+		}
+		cl.finish()
+	}
+}
+
+func (cl *call) finish() {
+	if cl.done != nil {
+		close(cl.done)
+	}
+}

@@ -1,0 +1,196 @@
+package scriptbatch_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend/internal/faultproxy"
+	"github.com/contend/contend/internal/scriptbatch"
+	"github.com/contend/contend/internal/testserver"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+// echo answers with its argument: each caller must get its own back.
+var echo = redis.NewScript(`return ARGV[1]`)
+
+// counting counts the scripts that go out in pipelines of more than one.
+type counting struct {
+	*redis.Client
+	batched atomic.Int64
+}
+
+func (c *counting) Pipeline() redis.Pipeliner { return &countedPipe{c.Client.Pipeline(), c} }
+
+type countedPipe struct {
+	redis.Pipeliner
+	c *counting
+}
+
+func (p *countedPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
+	if n := p.Len(); n > 1 {
+		p.c.batched.Add(int64(n))
+	}
+	return p.Pipeliner.Exec(ctx)
+}
+
+// pooled returns a client of rdb's server with a pool of size connections.
+func pooled(t *testing.T, rdb *redis.Client, size int) *redis.Client {
+	t.Helper()
+	opts := *rdb.Options()
+	opts.PoolSize = size
+	c := redis.NewClient(&opts)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// echoes has workers send rounds scripts each through s, with ctx, and
+// checks that every reply is the caller's own.
+func echoes(t *testing.T, ctx context.Context, s *scriptbatch.Sender, workers, rounds int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				want := strconv.Itoa(w) + ":" + strconv.Itoa(i)
+				got, err := s.Run(ctx, echo, []string{"k"}, want).Text()
+				if err == nil && got != want {
+					err = fmt.Errorf("worker %d got %q, sent %q", w, got, want)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// batched sends 50 scripts from each of workers goroutines through a
+// Sender on a pool of size connections, and returns how many went out in
+// batches.
+func batched(t *testing.T, ctx context.Context, size, workers int) int64 {
+	rdb, _ := testserver.Redis(t)
+	counted := &counting{Client: pooled(t, rdb, size)}
+	s := scriptbatch.New(counted, scriptbatch.Limit(counted.Client))
+	echoes(t, ctx, s, workers, 50)
+	require.NoError(t, s.Close(ctx))
+	return counted.batched.Load()
+}
+
+// Scripts of more concurrent callers than the client has connections go
+// out together, and each caller gets its own script's reply: with a ctx
+// that cannot end (sent on the caller's goroutine) and with one that can
+// (sent on the Sender's).
+func TestConcurrentCallsShareRoundTrips(t *testing.T) {
+	t.Parallel()
+	for name, ctx := range map[string]context.Context{"background": context.Background(), "cancellable": t.Context()} {
+		require.Positive(t, batched(t, ctx, 4, 32), "%s: no script went out in a batch", name)
+	}
+}
+
+// While a connection is free, no call is held back for a batch: it would
+// wait a round trip for nothing.
+func TestNoBatchWhileAConnectionIsFree(t *testing.T) {
+	t.Parallel()
+	require.Zero(t, batched(t, t.Context(), 16, 8), "scripts were batched with connections to spare")
+}
+
+// A batch sent after Redis lost its scripts still runs them all.
+func TestBatchAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	srv := testserver.OwnRedis(t)
+	rdb := srv.Client(t)
+	s := scriptbatch.New(pooled(t, rdb, 2), 2)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			if err := rdb.ScriptFlush(context.Background()).Err(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	echoes(t, t.Context(), s, 16, 40)
+	<-done
+	require.NoError(t, s.Close(t.Context()))
+}
+
+func TestLimitIsThePoolSize(t *testing.T) {
+	t.Parallel()
+	limit := func(rdb interface{ Close() error }) int {
+		defer rdb.Close()
+		return scriptbatch.Limit(rdb)
+	}
+	require.Equal(t, 7, limit(redis.NewClient(&redis.Options{PoolSize: 7})))
+	require.Equal(t, 2, limit(redis.NewClient(&redis.Options{PoolSize: 1})), "never below 2")
+	require.Equal(t, 9, limit(redis.NewClusterClient(&redis.ClusterOptions{PoolSize: 9})))
+}
+
+// On a network that stopped answering, Run returns when ctx ends, although
+// go-redis, which ignores ctx deadlines by default, is still waiting for
+// the reply; Close waits for that call to end.
+// A client that honours ctx deadlines does the same by itself, on the
+// caller's goroutine.
+func TestRunReturnsWhenCtxEndsOnAStuckNetwork(t *testing.T) {
+	t.Parallel()
+	for _, honours := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", honours), func(t *testing.T) {
+			t.Parallel()
+			stuck(t, honours)
+		})
+	}
+}
+
+func stuck(t *testing.T, honours bool) {
+	proxy := faultproxy.Start(t, "127.0.0.1:6379")
+	// The client's own timeout is 500ms: longer than ctx's 100ms, short
+	// enough for the test to see the abandoned call end.
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ReadTimeout: 500 * time.Millisecond, MaxRetries: -1,
+		ContextTimeoutEnabled: honours})
+	t.Cleanup(func() { rdb.Close() })
+	require.Equal(t, honours, scriptbatch.HonoursDeadlines(rdb))
+	s := scriptbatch.New(rdb, scriptbatch.Limit(rdb))
+	require.NoError(t, s.Run(t.Context(), echo, []string{"k"}, "warm").Err())
+
+	proxy.Blackhole()
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err := s.Run(ctx, echo, []string{"k"}, "stuck").Err()
+	took := time.Since(began)
+	if honours {
+		// go-redis set the socket's deadline from ctx's.
+		var ne net.Error
+		require.ErrorAs(t, err, &ne)
+		require.True(t, ne.Timeout(), "want a timeout, got %v", err)
+	} else {
+		require.ErrorIs(t, err, scriptbatch.ErrAbandoned)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+	}
+	require.Less(t, took, 300*time.Millisecond, "Run waited for the client's timeout")
+	t.Logf("Run returned %v after it began; ctx's deadline was 100ms", took)
+
+	if !honours {
+		short, cancelShort := context.WithTimeout(t.Context(), 10*time.Millisecond)
+		defer cancelShort()
+		require.Error(t, s.Close(short), "the abandoned call is still under way")
+	}
+	require.NoError(t, s.Close(t.Context()), "the abandoned call never ended")
+}
