@@ -23,14 +23,14 @@ func TestAttemptThatFindsItsGrantLeavesTheQueue(t *testing.T) {
 	ctx := t.Context()
 	keys, tok := c.keys("job"), token.New()
 	// What an attempt of tok's left behind, and then a pass to tok.
-	// The entry's format is lib.lua's waiter_entry: deadline_ms grant_ms ttl_ms seq channel.
-	entry := fmt.Sprintf("%d 1000 60000 2 %s", time.Now().Add(time.Minute).UnixMilli(), c.channel)
+	// The entry's format is queue.lua's waiter_entry: deadline_ms grant_ms ttl_ms channel.
+	entry := fmt.Sprintf("%d 1000 60000 %s", time.Now().Add(time.Minute).UnixMilli(), c.channel)
 	require.NoError(t, rdb.HSet(ctx, keys[3], tok, entry).Err())
 	require.NoError(t, rdb.RPush(ctx, keys[2], tok).Err())
 	require.NoError(t, rdb.Set(ctx, keys[0], tok, time.Minute).Err())
 	require.NoError(t, rdb.Set(ctx, keys[1], 41, 0).Err())
 
-	l, err := c.attempt(ctx, "job", keys, tok, time.Minute, 3)
+	l, err := c.attempt(ctx, "job", keys, tok, time.Minute, true)
 	require.NoError(t, err)
 	require.NotNil(t, l, "the attempt did not find its grant")
 	require.Equal(t, int64(41), l.Fence())

@@ -28,10 +28,10 @@ import (
 //
 //   - uncontended: every worker locks a key of its own; raw is SET NX PX
 //     and the compare-and-delete script by EVALSHA. Beside them, script
-//     obtains as the issue asks a fenced lock to, by EVALSHA of SET NX PX
-//     and INCR of the fencing counter, with nothing else: the part of
-//     distlock's ratio that the fencing script costs on that machine, and
-//     no library can win back.
+//     obtains as a fenced lock whose counters expire must, by EVALSHA of
+//     SET NX PX, INCR of the fencing counter and PEXPIRE of it, with nothing
+//     else: the part of distlock's ratio that the fencing script costs on
+//     that machine, and no library can win back.
 //     And do is Client.Do around nothing: the managed hold's watchdog on top
 //     of distlock's obtain and release.
 //   - hotkey: every worker locks the same key; raw is the loop of the
@@ -76,9 +76,12 @@ func rawLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
 	}
 }
 
-// fencedTake is SET NX PX and, if it was set, the next fencing token.
+// fencedTake is SET NX PX and, if it was set, the next fencing token, whose
+// counter lives a day after its last use.
 var fencedTake = redis.NewScript(`if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-return redis.call('INCR', KEYS[2])`)
+local f = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], 86400000)
+return f`)
 
 func scriptLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
 	return func(ctx context.Context, key string) (time.Duration, error) {
@@ -103,7 +106,9 @@ func scriptLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
 var fencedPass = redis.NewScript(`local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return redis.call('INCR', KEYS[2])`)
+local f = redis.call('INCR', KEYS[2])
+redis.call('PEXPIRE', KEYS[2], 86400000)
+return f`)
 
 // handOverLocker is the floor of an in-order, fenced hand-over: the
 // workers line up on a process-local mutex, and each takes the key from the

@@ -16,175 +16,18 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
 )
 
 // RedisClient is what a [Client] needs of go-redis: scripts, pipelines to
-// send several together, and one subscription for the grants that hand a
-// released lock to a waiter. [redis.UniversalClient] satisfies it (a single
-// node, Sentinel or Cluster); tests wrap it to inject faults.
+// send several together, and one subscription for the messages that tell a
+// waiter a released lock is its turn. [redis.UniversalClient] satisfies it
+// (a single node, Sentinel or Cluster).
 type RedisClient interface {
 	redis.Scripter
 	Pipeline() redis.Pipeliner
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
-}
-
-// Config configures a [Client]. The zero value is ready to use: every field
-// has a documented default.
-type Config struct {
-	// Prefix is put before every key and channel the client makes, so that
-	// locks of different applications sharing a Redis cannot collide.
-	// Default: "distlock:".
-	Prefix string
-	// TTL is the lease of a lock that [Client.Do] takes; Do refreshes it
-	// every TTL/3 while fn runs. A holder that crashes blocks the key for at
-	// most this long. Redis counts in milliseconds: it is truncated to one.
-	// Default: 10s; at least [MinTTL].
-	TTL time.Duration
-	// FailFast makes [Client.Do] give up at once, with an error matching
-	// [contend.ErrConflict], when the key is held, as a cron job that only
-	// one instance must run wants. Default: false, Do waits for the lock.
-	FailFast bool
-	// MaxWait bounds every wait for a held key (Obtain, and Do without
-	// FailFast) when ctx allows longer, so that a stuck holder cannot make
-	// callers without a deadline wait forever. Default: 30s.
-	MaxWait time.Duration
-	// Recheck is how often a waiter checks the lock by itself, in case the
-	// message that grants it the lock was lost (a dropped subscription) or
-	// the holder died without releasing. It also renews the waiter's place
-	// in the queue, which lapses after three Rechecks without one (the
-	// waiter's process died). Default: 500ms.
-	Recheck time.Duration
-	// GrantLease is how long a lock that another process's release hands
-	// to one of this client's waiters stays the waiter's before it accepts
-	// it (and extends it to its TTL); a hand-over within this client is for
-	// the waiter's TTL at once.
-	// It is short so that a waiter whose process died holds the key only
-	// briefly; longer than Recheck so that a waiter whose grant message was
-	// lost finds the grant still there when it checks. Default: 2 × Recheck,
-	// and never more than the waiter's TTL.
-	GrantLease time.Duration
-	// Backoff paces a waiter's checks while the client cannot receive
-	// grants (its subscription is down): jittered exponential backoff,
-	// capped at Recheck. Its MaxAttempts is ignored: waits end with ctx or
-	// MaxWait. Default: contend.Retry's defaults, MaxDelay at most Recheck.
-	Backoff contend.Retry
-	// Observe, when set, is called with every [Event]: obtains, wait times,
-	// refresh failures, losses. It runs on the caller's or the watchdog's
-	// goroutine and must not block. Default: nil, no events.
-	Observe func(Event)
-}
-
-// Defaults of [Config].
-const (
-	DefaultPrefix  = "distlock:"
-	DefaultTTL     = 10 * time.Second
-	DefaultMaxWait = 30 * time.Second
-	DefaultRecheck = 500 * time.Millisecond
-)
-
-// MinTTL is the shortest lease accepted. The watchdog refreshes every TTL/3,
-// and each refresh is a round trip to Redis that must fit in that interval
-// with room to retry.
-const MinTTL = 10 * time.Millisecond
-
-// releaseTimeout bounds the clean-up calls (release, leaving the queue) that
-// must happen even when the caller's ctx has already ended.
-const releaseTimeout = 5 * time.Second
-
-// cleanupContext returns a context for a clean-up call that must run even
-// when ctx has ended: ctx's values, without its cancellation, and a deadline
-// releaseTimeout away, which go-redis turns into the deadline of the
-// socket's reads and writes. Nothing else waits for it: a
-// context.WithTimeout would start a timer for each release, and on a busy
-// client those timers cost the runtime more than the release's own syscalls.
-// It is context.WithoutCancel and the deadline in one value: one allocation
-// per release, not two.
-func cleanupContext(ctx context.Context) context.Context {
-	return &deadlineContext{parent: ctx, deadline: time.Now().Add(releaseTimeout)}
-}
-
-type deadlineContext struct {
-	parent   context.Context // for its values only
-	deadline time.Time
-}
-
-func (c *deadlineContext) Deadline() (time.Time, bool) { return c.deadline, true }
-func (c *deadlineContext) Done() <-chan struct{}       { return nil }
-func (c *deadlineContext) Err() error                  { return nil }
-func (c *deadlineContext) Value(key any) any           { return c.parent.Value(key) }
-
-// healthInterval is how long the subscription may stay silent before it is
-// pinged, so that a connection that died without a reset is noticed.
-const healthInterval = 5 * time.Second
-
-// testHookDeferredWait, when set by a test, runs at the start of each turn
-// of a deferred waiter's wait loop: it stands for the scheduler pausing the
-// waiter there.
-var testHookDeferredWait func()
-
-// testHookHandedOver, when set by a test, runs when a release that handed
-// the lock to a waiter of its client has its script's reply, before it
-// tells the waiter: it stands for the scheduler pausing the releaser there.
-var testHookHandedOver func()
-
-// errMaxWait is the cause of a wait cut short by Config.MaxWait.
-var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.DeadlineExceeded)
-
-// ErrClosed reports a call on a [Client] after [Client.Close], or a wait that
-// Close cut short.
-var ErrClosed = errors.New("distlock: client closed")
-
-func (cfg Config) withDefaults() (Config, error) {
-	for name, d := range map[string]time.Duration{
-		"TTL": cfg.TTL, "MaxWait": cfg.MaxWait, "Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease,
-	} {
-		if d < 0 {
-			return cfg, fmt.Errorf("distlock: Config.%s %v is negative: %w", name, d, contend.ErrInvalid)
-		}
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultPrefix
-	}
-	if cfg.TTL == 0 {
-		cfg.TTL = DefaultTTL
-	}
-	if err := checkTTL("Config.TTL", cfg.TTL); err != nil {
-		return cfg, err
-	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
-	}
-	if cfg.Recheck == 0 {
-		cfg.Recheck = DefaultRecheck
-	}
-	if cfg.Recheck < time.Millisecond {
-		return cfg, fmt.Errorf("distlock: Config.Recheck %v is below 1ms: %w", cfg.Recheck, contend.ErrInvalid)
-	}
-	if cfg.GrantLease == 0 {
-		cfg.GrantLease = 2 * cfg.Recheck
-	}
-	if cfg.GrantLease < time.Millisecond {
-		return cfg, fmt.Errorf("distlock: Config.GrantLease %v is below 1ms: %w", cfg.GrantLease, contend.ErrInvalid)
-	}
-	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > cfg.Recheck {
-		cfg.Backoff.MaxDelay = min(contend.DefaultMaxDelay, cfg.Recheck)
-	}
-	return cfg, nil
-}
-
-func checkTTL(what string, ttl time.Duration) error {
-	if ttl < MinTTL {
-		return fmt.Errorf("distlock: %s %v is below the minimum of %v: %w", what, ttl, MinTTL, contend.ErrInvalid)
-	}
-	return nil
-}
-
-func checkKey(op, key string) error {
-	if key == "" {
-		return fmt.Errorf("distlock: %s: empty key: %w", op, contend.ErrInvalid)
-	}
-	return nil
 }
 
 // A Client takes locks on keys of one Redis deployment (a single node,
@@ -196,30 +39,28 @@ func checkKey(op, key string) error {
 // refresh: a holder that crashes blocks the key for at most its TTL, and a
 // holder that stalls past its TTL (a GC pause, a frozen VM) may still be
 // working when the next one starts. [Client.Do] refreshes while fn runs and
-// cancels fn's ctx with [contend.ErrLockLost] when it can no longer prove the
-// lock held; fencing tokens ([Lock.Fence]) let the resource itself refuse a
+// cancels fn's ctx with [contend.ErrLockLost] when the lock's validity
+// passes without a successful refresh, on a timer, whatever the network is
+// doing; fencing tokens ([Lock.Fence]) let the resource itself refuse a
 // holder that outlived its lease. fn runs at most once per Do.
 //
 // Waiters are served in order: processes take turns in the order they
 // queued, and a process's waiters get the key in the order they came (see
-// the package doc). A release
-// hands the lock straight to the next waiter and wakes only that waiter's
-// process, through one subscription the Client owns (or, when the waiter is
-// the releasing Client's own, from the release's reply, with no message at
-// all). The Client never closes the Redis client it
-// was given; [Client.Close] stops the subscription.
+// the package doc). The Client never closes the Redis client it was given;
+// [Client.Close] stops its subscription.
 //
 // A Client is safe for simultaneous use by multiple goroutines. Use one per
 // process: every Client holds one subscription.
 type Client struct {
 	rdb     RedisClient
 	cfg     Config
-	channel string // where releases send this client's grants
+	channel string // where releases tell this client's waiters to look
 
 	local [localShards]keyShard // what this client knows of its keys: see local.go
 	seed  maphash.Seed
-	batch batcher // scripts sent together: see batch.go
+	calls *scriptbatch.Sender
 	holds keepalive.Timers
+	clock releaseClock
 
 	mu      sync.Mutex                 // protects the fields below
 	waiters map[string]*waiter         // by token
@@ -246,9 +87,9 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 		cfg:     cfg,
 		channel: cfg.Prefix + "grants:" + token.New(),
 		seed:    maphash.MakeSeed(),
+		calls:   scriptbatch.New(rdb, scriptbatch.Limit(rdb)),
 		waiters: map[string]*waiter{},
 		closing: make(chan struct{}),
-		batch:   batcher{limit: sendLimit(rdb)},
 	}, nil
 }
 
@@ -272,9 +113,16 @@ func (c *Client) keys(key string) []string {
 	return []string{s[:base], s[:fence], s[fence:queue], s[queue:]}
 }
 
+// run runs script on keys, with the Redis calls of the client's other
+// goroutines when they come together; it returns when ctx ends, if that
+// comes first (see package scriptbatch).
+func (c *Client) run(ctx context.Context, script *redis.Script, keys []string, argv []any) *redis.Cmd {
+	return c.calls.Run(ctx, script, keys, argv...)
+}
+
 // TryObtain makes one attempt to lock key for ttl. It returns an error
 // matching [contend.ErrConflict] at once when the key is held, and a Redis
-// error as it is.
+// error as it is. It returns by ctx's deadline, whatever the network does.
 func (c *Client) TryObtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
 	return c.obtain(ctx, key, ttl, false)
 }
@@ -284,11 +132,8 @@ func (c *Client) TryObtain(ctx context.Context, key string, ttl time.Duration) (
 // Config.MaxWait passes, with an error matching both [contend.ErrConflict]
 // and ctx's error ([context.Canceled] or [context.DeadlineExceeded]), after
 // leaving the queue. A Redis error ends the wait too and is returned as it
-// is. A lock handed over by another process's release is held at first for
-// the grant lease and extended to ttl within a quarter of it unless released
-// before (see [Lock.ValidUntil]); one handed over by this Client's own
-// release is held for ttl at once. Most callers should use [Client.Do], which also
-// refreshes and releases.
+// is. Most callers should use [Client.Do], which also refreshes and
+// releases.
 func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
 	return c.obtain(ctx, key, ttl, true)
 }
@@ -317,9 +162,10 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 }
 
 // Close stops the client's subscription and waits, until ctx ends, for its
-// goroutine to finish. Waits in progress end with [ErrClosed]; locks already
-// held stay valid and can still be released. Close is idempotent and works
-// on a client that never subscribed. It does not close the Redis client.
+// goroutine, and for Redis calls that callers stopped waiting for, to
+// finish. Waits in progress end with [ErrClosed]; locks already held stay
+// valid and can still be released. Close is idempotent and works on a
+// client that never subscribed. It does not close the Redis client.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
 	if !c.closed.Load() {
@@ -335,19 +181,21 @@ func (c *Client) Close(ctx context.Context) error {
 		ps = s.ps
 	}
 	c.mu.Unlock()
-	if s == nil {
-		return nil
-	}
 	if ps != nil {
 		// Unblocks the subscription's pending read.
 		_ = ps.Close()
 	}
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("distlock: close: %w", context.Cause(ctx))
+	if s != nil {
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return fmt.Errorf("distlock: close: %w", context.Cause(ctx))
+		}
 	}
+	if err := errors.Join(c.calls.Close(ctx), c.holds.Wait(ctx)); err != nil {
+		return fmt.Errorf("distlock: close: %w", err)
+	}
+	return nil
 }
 
 func (c *Client) observe(e Event) {
@@ -378,7 +226,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		// Behind this client's head for the key, the waiter defers; else it
 		// becomes the head, and on a key that made this client's last waiter
 		// queue, it goes straight to the queue, without a take bound to fail.
-		w, busy, err := c.enter(key, tok, ttl)
+		w, busy, err := c.join(key, tok, ttl)
 		if err != nil {
 			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 		}
@@ -406,15 +254,15 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		c.observe(Event{Kind: EventBusy, Key: key})
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
 	}
-	c.held(key, tok, l.valid)
+	c.setHolder(key, tok, l.ValidUntil())
 	c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence})
 	return l, nil
 }
 
 // take is the common obtain, of a free key: a small script sets the lock
 // if nobody holds it and moves the fencing counter, costing a fraction of
-// what the acquire script does, and queues nothing (a missing counter is
-// restarted: see runFenced). It returns nil when the key is held.
+// what the acquire script does, and queues nothing. It returns nil when the
+// key is held.
 //
 // A key whose holder's lease ran out while others were queued for it is
 // free, and take gives it to the caller rather than to the oldest waiter:
@@ -422,31 +270,27 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 // newcomer's release, or find the key free when they check.
 func (c *Client) take(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (*Lock, error) {
 	began := time.Now()
-	fence, err := c.runFenced(ctx, takeScript, keys, tok, ttl.Milliseconds())
+	fence, err := c.run(ctx, takeScript, keys[:2], takeArgs{token: tok, ttl: ttl}.argv()).Int64()
 	switch {
 	case err != nil:
 		return nil, err // the caller's clean-up releases what it may have taken
 	case fence == 0:
 		return nil, nil // held
 	}
-	l := newLock(c, key, keys, tok, fence, ttl, began.Add(ttl))
+	l := newLock(c, key, keys, tok, fence, ttl, c.validity(began, ttl))
 	l.taken = true
 	return l, nil
 }
 
-// attempt runs the acquire script once. It returns the lock when the caller
-// holds it, nil when not. A waiter numbers its attempts from 1 in seq, and is
-// queued by them; seq 0 tries once.
-func (c *Client) attempt(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, seq int64) (*Lock, error) {
+// attempt runs the acquire script once, queueing the caller if wait and
+// the key is held. It returns the lock when the caller holds it, nil when
+// not.
+func (c *Client) attempt(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, wait bool) (*Lock, error) {
 	began := time.Now()
-	mode := "0"
-	if seq > 0 {
-		mode = "1"
-	}
-	res, err := c.run(ctx, acquireScript, keys,
-		tok, ttl.Milliseconds(), mode, c.channel,
-		c.waiterLease().Milliseconds(), c.grantLease(ttl).Milliseconds(), seq,
-	).Int64Slice()
+	res, err := c.run(ctx, acquireScript, keys, acquireArgs{
+		token: tok, ttl: ttl, wait: wait, channel: c.channel,
+		waiterLease: c.waiterLease(), grantLease: c.grantLease(ttl),
+	}.argv()).Int64Slice()
 	if err != nil {
 		return nil, err
 	}
@@ -456,16 +300,23 @@ func (c *Client) attempt(ctx context.Context, key string, keys []string, tok str
 	if res[0] != 1 {
 		return nil, nil
 	}
-	return newLock(c, key, keys, tok, res[1], ttl, began.Add(ttl)), nil
+	return newLock(c, key, keys, tok, res[1], ttl, c.validity(began, ttl)), nil
 }
 
-// grantLease is the lease of a lock handed to a waiter for ttl.
+// grantLease is how long a release reserves the lock for a waiter for ttl
+// of another process, until the waiter's attempt turns it into a hold.
 func (c *Client) grantLease(ttl time.Duration) time.Duration { return min(c.cfg.GrantLease, ttl) }
 
 // wait obtains the lock as a queued waiter. A deferred waiter (w non-nil)
 // is queued by the release of the lock it waits behind; any other is
-// registered for its grant before the attempt that queues it is sent,
-// because the grant can arrive before that attempt's reply.
+// registered for its wake before the attempt that queues it is sent,
+// because the release that reserves the lock for it can come before that
+// attempt's reply.
+//
+// A waiter holds the lock when an attempt of its own says so, or when a
+// release of this client hands it over (the release's reply is Redis's
+// word). A message from another process's release only makes it attempt at
+// once: the attempt turns the reservation into a hold.
 func (c *Client) wait(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, w *waiter) (l *Lock, err error) {
 	began := time.Now()
 	deferred := w != nil
@@ -476,14 +327,14 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		}
 	}
 	defer c.unregister(tok)
-	// queued: tok may be in Redis's queue or hold a grant, which leaving
+	// queued: tok may be in Redis's queue or hold the lock, which leaving
 	// must clean up, even though ctx may have ended: that may be why.
 	queued := false
 	defer func() {
 		if l != nil {
 			return
 		}
-		if deferred && c.undefer(key, w) {
+		if deferred && c.leaveLine(key, w) {
 			queued = true
 		}
 		if queued {
@@ -491,12 +342,12 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		} else {
 			// A head that never reached Redis: the waiters behind it must
 			// not wait for it.
-			c.released(key, tok, nil, "", time.Time{}, false)
+			c.dropHead(key, tok)
 		}
 	}()
 	s := c.subscriber()
-	// A grant published before the subscription is confirmed would be lost:
-	// the first waiters of a client wait for it, briefly. While the
+	// A message published before the subscription is confirmed would be
+	// lost: the first waiters of a client wait for it, briefly. While the
 	// subscription is down, waiters check on their own.
 	if !s.healthy.Load() {
 		t := time.NewTimer(c.cfg.Recheck)
@@ -509,20 +360,14 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 	}
 	giveUpBy := began.Add(c.cfg.MaxWait)
 	var giveUp error
-	for seq := int64(1); ; seq++ {
-		if deferred {
-			seq = 1 // a release queues a deferred waiter, or hands it the lock, as attempt 1
-		}
+	for attempts := 0; ; {
 		if giveUp = ctxErr(ctx); giveUp != nil {
 			break
 		}
-		if deferred && testHookDeferredWait != nil {
-			testHookDeferredWait()
-		}
-		sentAt := time.Now()
 		if !deferred {
 			queued = true
-			l, err := c.attempt(ctx, key, keys, tok, ttl, seq)
+			attempts++
+			l, err := c.attempt(ctx, key, keys, tok, ttl, true)
 			if err != nil {
 				if giveUp = ctxErr(ctx); giveUp != nil {
 					break
@@ -530,21 +375,21 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 				return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 			}
 			if l != nil {
-				if seq == 1 {
-					c.notBusy(key)
+				if attempts == 1 {
+					c.clearBusy(key)
 				}
-				c.held(key, tok, l.valid)
+				c.setHolder(key, tok, l.ValidUntil())
 				c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
 				return l, nil
 			}
-			c.queuedHere(key, tok)
+			c.setQueued(key, tok)
 		}
-		// Queued (or deferred): wait to be woken by a grant, or check again
-		// after a while in case the grant's message was lost or the holder
-		// died. The jitter keeps many waiters' checks from arriving together.
+		// Queued (or deferred): wait to be woken, or check again after a
+		// while in case the message was lost or the holder died. The jitter
+		// keeps many waiters' checks from arriving together.
 		delay := c.cfg.Recheck*4/5 + rand.N(c.cfg.Recheck*2/5+1)
 		if !s.healthy.Load() {
-			delay = max(c.cfg.Backoff.Delay(int(seq)), time.Millisecond)
+			delay = max(c.cfg.Backoff.Delay(attempts), time.Millisecond)
 		}
 		t := time.NewTimer(min(delay, time.Until(giveUpBy)))
 		var g grant
@@ -563,19 +408,16 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		if giveUp != nil {
 			break
 		}
-		if g.seq == seq {
-			if deferred && !g.local {
-				// Queued by the release that took it along, not by an
-				// attempt of its own: the grant is no older than that.
-				sentAt = c.takenAt(key, w)
-			}
-			if l := c.accepted(key, keys, tok, ttl, g, sentAt); l != nil {
-				c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
-				return l, nil
-			}
+		if g.fence > 0 {
+			// Handed over by a release of this client, which began at g.at:
+			// the lock is this waiter's for its TTL from then, and recorded
+			// as held here already.
+			l := newLock(c, key, keys, tok, g.fence, ttl, c.validity(g.at, ttl))
+			c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
+			return l, nil
 		}
 		if deferred {
-			stay, sent := c.stay(key, w)
+			stay, sent := c.rejoin(key, w)
 			if stay {
 				continue
 			}
@@ -592,46 +434,20 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, giveUp)
 }
 
-// accepted returns the lock that grant g, made after the waiter's attempt
-// sent at sentAt (or, for a deferred waiter, after the release that took it
-// along began), hands to tok, or nil if the waiter must check with Redis.
-//
-// A grant from a release of this client's (local) is the full TTL, set by a
-// release that began at g.at: the lock is valid from then, and held here
-// already. Another process's grant is the short grant lease: it began no
-// earlier than the attempt did, so it lasts at least until sentAt plus the
-// lease, and the waiter holds the lock without another round trip and
-// extends it to its TTL beside its work. Too little of that left, and the
-// next attempt accepts (or finds a lapsed grant) the slow way.
-func (c *Client) accepted(key string, keys []string, tok string, ttl time.Duration, g grant, sentAt time.Time) *Lock {
-	if g.local {
-		return newLock(c, key, keys, tok, g.fence, ttl, g.at.Add(ttl))
-	}
-	lease := c.grantLease(ttl)
-	valid := sentAt.Add(lease)
-	if time.Until(valid) < lease/2 {
-		return nil
-	}
-	l := newLock(c, key, keys, tok, g.fence, ttl, valid)
-	l.accept(valid)
-	c.held(key, tok, valid)
-	return l
-}
-
-// leave removes tok from key's queue and releases the lock if tok holds it,
-// handing it to the next waiter: for a waiter that gives up, and for an
-// attempt whose reply was lost. It runs even when ctx has ended; failures
-// are left to the leases (the queue entry and the grant expire by
-// themselves).
+// leave removes tok from key's queue and releases the lock if tok holds it
+// (or it is reserved for tok), handing it to the next waiter: for a waiter
+// that gives up, and for an attempt whose reply was lost. It runs even when
+// ctx has ended; failures are left to the leases (the queue entry and the
+// reservation expire by themselves).
 func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
 	first, inTurn := c.takeAlong(key, tok)
-	_, _ = c.runRelease(cleanupContext(ctx), key, keys, tok, "1", first, inTurn)
+	_, _ = c.runRelease(c.clock.context(ctx), key, keys, releaseArgs{token: tok, givingUp: true}, first, inTurn)
 }
 
 // refresh, release and pttl make the Client a lockOwner.
 
 func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
-	n, err := c.run(ctx, refreshScript, l.keys[:1], l.token, ttl.Milliseconds()).Int64()
+	n, err := c.run(ctx, refreshScript, l.keys[:2], refreshArgs{token: l.token, ttl: ttl}.argv()).Int64()
 	return n == 1, err
 }
 
@@ -640,72 +456,81 @@ func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 // compare-and-delete frees it, and only when waiters came meanwhile (in
 // Redis, which marks the lock, or deferred behind l here) does the release
 // script run, to hand over.
+//
+// A release that finds the lock neither held by l nor taken by anyone
+// since (the counter still at l's fence) was sent again after a lost reply,
+// or came after l's lease ran out with nobody waiting: it reports l held
+// if it was sent within l's validity.
 func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
+	began := time.Now()
+	gone := func(reply int64) bool {
+		return reply == replyReleased || reply == replyGone && began.Before(l.ValidUntil())
+	}
 	first, inTurn := c.takeAlong(l.key, l.token)
 	if l.taken && first == nil {
-		n, err := c.run(ctx, freeScript, l.keys[:1], l.token).Int64()
-		if err != nil || n != -1 {
-			c.released(l.key, l.token, nil, "", time.Time{}, false)
-			return n == 1, err
+		n, err := c.run(ctx, freeScript, l.keys[:2], freeArgs{token: l.token, fence: l.fence}.argv()).Int64()
+		if err != nil || n != replyQueued {
+			c.dropHead(l.key, l.token)
+			return gone(n), err
 		}
 	}
-	return c.runRelease(ctx, l.key, l.keys, l.token, "0", first, inTurn)
+	reply, err := c.runRelease(ctx, l.key, l.keys, releaseArgs{token: l.token, fence: l.fence}, first, inTurn)
+	return gone(reply), err
 }
 
 // takeAlong returns the waiter deferred here behind tok that its release
 // takes along (see runRelease), if any, and whether it is in this client's
 // turn. None while the subscription is unconfirmed: a waiter taken along
-// may be queued, and a grant published to it then would be lost.
+// may be queued, and a message published to it then would be lost.
 func (c *Client) takeAlong(key, tok string) (*waiter, bool) {
 	if !c.listening() {
 		return nil, false
 	}
-	return c.releasing(key, tok)
+	return c.beginRelease(key, tok)
 }
 
-// runRelease runs the release script for tok, the holder or a waiter
-// giving up, and reports whether tok held the lock. first, the waiter that
-// takeAlong gave, goes along: if the lock goes to another process's waiter,
-// first is queued in Redis and the other waiters here defer behind it; if
-// it goes to a waiter of this client (the oldest in Redis's queue, or
-// first, in turn or when nobody is queued there), they all defer behind
-// that one. A lock handed to a waiter of this client comes back as the
-// grant message, without a publish: the release wakes the waiter itself.
-func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok, givingUp string, first *waiter, inTurn bool) (bool, error) {
-	if first != nil && inTurn && givingUp == "0" {
-		if held, err := c.pass(ctx, key, keys, tok, first); held || err != nil {
-			return held, err
+// runRelease runs the release script for a.token, the holder or a waiter
+// giving up, and returns what it says of the token's hold (see
+// releaseArgs). first, the waiter that takeAlong gave, goes along: if the
+// lock goes to another process's waiter, first is queued in Redis and the
+// other waiters here defer behind it; if it goes to a waiter of this client
+// (the oldest in Redis's queue, or first, in turn or when nobody is queued
+// there), they all defer behind that one, which the release wakes itself.
+func (c *Client) runRelease(ctx context.Context, key string, keys []string, a releaseArgs, first *waiter, inTurn bool) (int64, error) {
+	if first != nil && inTurn && !a.givingUp {
+		held, err := c.pass(ctx, key, keys, a.token, first)
+		if err != nil {
+			return replyNotHeld, err
 		}
-		// tok no longer holds the lock: the release script finds out what
-		// became of it, and what first should do.
+		if held {
+			return replyReleased, nil
+		}
+		// a.token no longer holds the lock: the release script finds out
+		// what became of it, and what first should do.
 	}
-	args := []any{tok, givingUp, c.channel, c.waiterLease().Milliseconds()}
+	a.channel, a.waiterLease = c.channel, c.waiterLease()
 	if first != nil {
-		turn := "0"
-		if inTurn {
-			turn = "1"
-		}
-		args = append(args, first.tok, c.grantLease(first.ttl).Milliseconds(), first.ttl.Milliseconds(), turn)
+		a.next, a.nextInTurn, a.nextGrant = first, inTurn, c.grantLease(first.ttl)
 	}
 	began := time.Now()
-	res, err := c.run(ctx, releaseScript, keys, args...).Slice()
+	res, err := c.run(ctx, releaseScript, keys, a.argv()).Slice()
 	if err == nil && len(res) != 3 {
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
 	if err != nil {
-		c.unsure(key, tok, first)
-		return false, err
+		c.unsure(key, a.token, first)
+		return replyNotHeld, err
 	}
 	held, _ := res[0].(int64)
 	msg, _ := res[1].(string)
 	turnPass, _ := res[2].(int64)
 	if msg == "" {
-		c.released(key, tok, first, "", time.Time{}, false)
-		return held == 1, nil
+		c.endRelease(key, a.token, first, "", time.Time{}, false)
+		return held, nil
 	}
 	next, g := parseGrant(msg)
-	c.handedOver(ctx, key, keys, tok, first, next, g, began, turnPass == 1)
-	return held == 1, nil
+	c.handedOver(ctx, key, keys, a.token, first, next, g, began, turnPass == 1)
+	return held, nil
 }
 
 // pass hands the lock from tok to first, its client's next waiter in its
@@ -714,7 +539,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok,
 // changed nothing, when tok no longer holds the lock.
 func (c *Client) pass(ctx context.Context, key string, keys []string, tok string, first *waiter) (bool, error) {
 	began := time.Now()
-	fence, err := c.runFenced(ctx, passScript, keys, tok, first.tok, first.ttl.Milliseconds())
+	fence, err := c.run(ctx, passScript, keys[:2], passArgs{holder: tok, next: first.tok, nextTTL: first.ttl}.argv()).Int64()
 	if err != nil {
 		c.unsure(key, tok, first)
 		return false, err
@@ -722,28 +547,15 @@ func (c *Client) pass(ctx context.Context, key string, keys []string, tok string
 	if fence == 0 {
 		return false, nil
 	}
-	c.handedOver(ctx, key, keys, tok, first, first.tok, grant{seq: 1, fence: fence}, began, true)
+	c.handedOver(ctx, key, keys, tok, first, first.tok, grant{fence: fence}, began, true)
 	return true, nil
-}
-
-// runFenced runs script, a take or a pass, on the lock and fencing counter
-// of keys. The script returns 0 when it changed nothing, else the fencing
-// token it moved the counter to, where 1 means the counter was missing (a
-// new key, or a Redis that lost its data): the fence script then restarts
-// it from the server's clock, as the library's next_fence does.
-func (c *Client) runFenced(ctx context.Context, script *redis.Script, keys []string, args ...any) (int64, error) {
-	fence, err := c.run(ctx, script, keys[:2], args...).Int64()
-	if err == nil && fence == 1 {
-		fence, err = c.run(ctx, fenceScript, keys[:2]).Int64()
-	}
-	return fence, err
 }
 
 // unsure ends a release of tok whose script may or may not have run (its
 // reply was an error): tok is no longer this client's head for key, and
 // its waiters, first among them, check with Redis by themselves.
 func (c *Client) unsure(key, tok string, first *waiter) {
-	c.released(key, tok, nil, "", time.Time{}, false)
+	c.dropHead(key, tok)
 	if first != nil {
 		wake(first, grant{})
 	}
@@ -753,33 +565,30 @@ func (c *Client) unsure(key, tok string, first *waiter) {
 // of this client, at began: next holds it for its TTL from then, and is
 // woken with g.
 func (c *Client) handedOver(ctx context.Context, key string, keys []string, tok string, first *waiter, next string, g grant, began time.Time, inTurn bool) {
-	if testHookHandedOver != nil {
-		testHookHandedOver()
-	}
 	w := c.waiter(next)
 	// A waiter no longer registered has given up, or it has found the
-	// grant by an attempt of its own (a recheck while this release was
-	// under way) and holds the lock: it recorded that, with held, before
-	// it stopped waiting. Only the one that gave up left a lock nobody
+	// lock by an attempt of its own (a recheck while this release was
+	// under way) and holds it: it recorded that, with setHolder, before it
+	// stopped waiting. Only the one that gave up left a lock nobody
 	// holds, for this release to pass on; so did tok, if the grant was
 	// its own.
-	gaveUp := w == nil && (next == tok || !c.holding(key, next))
+	gaveUp := w == nil && (next == tok || !c.isHolder(key, next))
 	until := began
 	if w != nil {
-		until = began.Add(w.ttl)
+		until = c.validity(began, w.ttl)
 	}
-	c.released(key, tok, first, next, until, inTurn)
+	c.endRelease(key, tok, first, next, until, inTurn)
 	if gaveUp {
 		c.leave(ctx, key, keys, next)
-	} else if w != nil && g.fence > 0 {
-		g.local, g.at = true, began
+	} else if w != nil {
+		g.at = began
 		wake(w, g)
 		// Give the new holder this processor, as sync.Mutex's Unlock does
 		// in its starvation mode: on a hot key the hand-over is what every
 		// waiter waits for, and the woken goroutine would otherwise wait
-		// until this one blocks, or for another thread to wake and steal it,
-		// which on a VM can take longer than the round trip. The releaser,
-		// done with the lock, runs again on the next free processor.
+		// until this one blocks, or for another thread to wake and steal it.
+		// The releaser, done with the lock, runs again on the next free
+		// processor.
 		runtime.Gosched()
 	}
 }
@@ -789,16 +598,27 @@ func (c *Client) handedOver(ctx context.Context, key string, keys []string, tok 
 func (c *Client) waiterLease() time.Duration { return 3 * c.cfg.Recheck }
 
 func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
-	n, err := c.run(ctx, pttlScript, l.keys[:1], l.token).Int64()
+	n, err := c.run(ctx, pttlScript, l.keys[:1], []any{l.token}).Int64()
 	if err != nil || n == -3 {
 		return 0, false, err
 	}
 	return time.Duration(max(n, 0)) * time.Millisecond, true, nil
 }
 
-func (c *Client) margin(time.Duration) time.Duration { return 0 }
+// margin allows for this process's clock running slower than Redis's: a
+// lease that Redis ends after ttl by its clock may have lasted ttl less the
+// margin by this one's (see [Lock.ValidUntil]).
+func (c *Client) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, DefaultDriftFactor) }
+
+// validity is the deadline of a lease of ttl granted by a call that began
+// at began.
+func (c *Client) validity(began time.Time, ttl time.Duration) time.Time {
+	return began.Add(ttl - c.margin(ttl))
+}
 
 func (c *Client) holdTimers() *keepalive.Timers { return &c.holds }
+
+func (c *Client) releaseContext(ctx context.Context) context.Context { return c.clock.context(ctx) }
 
 // ctxErr returns ctx's error, with its cause when that says more, or nil.
 func ctxErr(ctx context.Context) error {

@@ -21,8 +21,15 @@
 //
 //   - The watchdog of [Client.Do] (and [Lock.Hold]) refreshes every TTL/3 and
 //     cancels fn's ctx with cause [contend.ErrLockLost] the moment a refresh
-//     finds the token gone or the lock's validity passes without a successful
-//     refresh. Work that checks its ctx stops; Do reports the loss.
+//     finds the token gone or the lock's validity ([Lock.ValidUntil]) passes
+//     without a successful refresh. The validity is counted on this
+//     process's clock from when the call that obtained or last refreshed the
+//     lock was sent, less 1% of the TTL and 2ms for clocks that run at
+//     different rates, and a timer keeps it, whatever the network does: a
+//     partition that leaves the connections open and silent, where the Redis
+//     client would wait out its read timeouts and send again, ends fn's ctx
+//     at the validity, before Redis lets anyone else in. Work that checks its
+//     ctx stops; Do reports the loss.
 //
 //   - Fencing tokens close the gap for resources that can check them. Every
 //     acquisition of a key gets a larger [Lock.Fence] than every earlier one;
@@ -38,11 +45,16 @@
 //
 // The fencing counter is as durable as Redis is. Without persistence a
 // restart loses it; a missing counter therefore starts from the server's
-// clock in microseconds, not from 1, so tokens keep increasing across a
-// restart as long as that clock does not go back. A failover to a replica
-// that had not received the last increments can hand out a token again:
-// WAIT after the increment narrows that window (the replica has it before the
-// holder proceeds) but is no consensus, and this package does not issue it.
+// clock in microseconds, not from 1, in the same script that takes the
+// lock, so tokens keep increasing across a restart as long as that clock
+// does not go back. For the same reason a counter may expire: it lives a
+// day after its lock was last obtained or refreshed, and starts again from
+// the clock, which has moved on by more than the counter did as long as the
+// key averaged fewer than a million acquisitions a second. A failover to a
+// replica that had not received the last increments can hand out a token
+// again: WAIT after the increment narrows that window (the replica has it
+// before the holder proceeds) but is no consensus, and this package does not
+// issue it.
 //
 // One Redis gives no fault tolerance: when it restarts without persistence,
 // or fails over to a replica that missed the lock, the lock is forgotten and
@@ -56,11 +68,9 @@
 // [Client.TryObtain] (and Do with Config.FailFast) answers a held key with
 // [contend.ErrConflict] at once. [Client.Obtain] (and Do by default) waits
 // in line: a failed attempt enqueues the waiter in the same script, and the
-// release hands the lock straight to the oldest live waiter, increments the
-// fencing counter and publishes the grant on that waiter's process channel,
-// so hot keys are handed over in order (below) within about one round trip,
-// instead of being polled for (polling lets the releaser take the lock back
-// and starves others).
+// release hands the lock straight to the oldest live waiter, so hot keys are
+// handed over in order (below), instead of being polled for (polling lets
+// the releaser take the lock back and starves others).
 //
 // A Client queues at most one waiter per key in Redis. Its other waiters
 // for that key wait behind that one, or behind the Client's own lock on the
@@ -75,18 +85,36 @@
 // per round; a waiter that comes during its process's turn waits for the
 // next one. A hot key costs one round trip per hand-over within a process.
 //
-// A grant to another process is a short lease (Config.GrantLease) on the
-// waiter's token. The message names the waiter's latest attempt, so the
-// waiter knows the grant came after that attempt began: it holds the lock
-// from the moment the message arrives, validity counted from that attempt,
-// and extends the lease to its TTL beside its work (or not at all, if it
-// releases first). A waiter whose process died therefore blocks the key for
+// A release that hands the lock to another process's waiter reserves it
+// for that waiter for a short lease (Config.GrantLease) and tells its
+// process; the waiter's next attempt, sent at once, turns the reservation
+// into a hold for its TTL. The message is only a hint to look: a waiter
+// holds the lock when Redis says so, in the reply to its own attempt or to
+// its own process's release, so that nobody who may PUBLISH on a shared
+// Redis can hand it a lock. A waiter whose process died blocks the key for
 // the grant lease only. A waiter that gives up leaves the queue and passes
-// on a grant it got meanwhile, in one script, even after its ctx ended; a
-// timed re-check (Config.Recheck) covers lost messages and dead holders;
-// while the subscription is down, waiters poll with jittered backoff. Every
-// wait ends with ctx or Config.MaxWait; the error then matches both
-// [contend.ErrConflict] and ctx's error.
+// on a reservation it got meanwhile, in one script, even after its ctx
+// ended; a timed re-check (Config.Recheck) covers lost messages and dead
+// holders; while the subscription is down, waiters poll with jittered
+// backoff. Every wait ends with ctx or Config.MaxWait; the error then
+// matches both [contend.ErrConflict] and ctx's error.
+//
+// # Lost replies and stuck calls
+//
+// A Redis client may send a command again when it did not hear the reply
+// (go-redis does, after a read timeout), so every script gives the same
+// answer when it runs twice: an obtain that finds its own token returns the
+// lock with the same fencing token; a release that finds the lock gone,
+// with nobody having taken the key since, reports no loss.
+//
+// Every call a Client makes returns when its ctx ends, whatever the network
+// does: [Client.Obtain] and [Client.TryObtain] by their ctx's deadline,
+// [Lock.Release] within 5s, [Client.Close] by its ctx's deadline. go-redis
+// ignores ctx deadlines unless the client was built with
+// ContextTimeoutEnabled, so on such a client a call that may have to be cut
+// short runs on a goroutine of the Client's, which Close waits for; with
+// ContextTimeoutEnabled it runs on the caller's, which costs less. A call
+// cut short may still have run: it is treated as one whose reply was lost.
 //
 // # Round trips
 //
@@ -114,9 +142,12 @@
 //
 // The lock of key lives at Prefix + "{" + key + "}", and its fencing
 // counter, queue and waiter list beside it with suffixes: the hash tag keeps
-// them on one Cluster slot, so one script can touch them all. A Client
-// accepts any [redis.UniversalClient]: one node, Sentinel or Cluster. Fencing
-// counters never expire (they must never go back); the other keys do.
+// them on one Cluster slot, so one script can touch them all. So a key may
+// not contain '}' (it would end the tag early), nor a Prefix a brace (it
+// would be every lock's tag, and put them all on one slot). A Client
+// accepts any [redis.UniversalClient]: one node, Sentinel or Cluster. Every
+// key expires by itself: the lock with its lease, the queue with its
+// waiters', the fencing counter a day after its last use (see above).
 //
 // # When not to use it
 //

@@ -1,7 +1,5 @@
 package distlock
 
-import "testing"
-
 // Deferred returns how many of c's waiters for key wait behind its head
 // there, without being queued in Redis.
 func Deferred(c *Client, key string) int {
@@ -28,18 +26,3 @@ func Known(c *Client) int {
 
 // Listening reports whether c's subscription is confirmed.
 func Listening(c *Client) bool { return c.listening() }
-
-// SetDeferredWaitHook makes f run at the start of each turn of a deferred
-// waiter's wait loop, until the test ends.
-func SetDeferredWaitHook(t testing.TB, f func()) {
-	testHookDeferredWait = f
-	t.Cleanup(func() { testHookDeferredWait = nil })
-}
-
-// SetHandedOverHook makes f run in each release that hands the lock to a
-// waiter of its client, between the script's reply and waking the waiter,
-// until the test ends.
-func SetHandedOverHook(t testing.TB, f func()) {
-	testHookHandedOver = f
-	t.Cleanup(func() { testHookHandedOver = nil })
-}

@@ -15,8 +15,8 @@ import (
 	"github.com/contend/contend"
 )
 
-// A subscriber receives the grants that releases publish on its client's
-// channel and wakes the waiters they name. One per Client, started by the
+// A subscriber receives the messages that releases publish on its
+// client's channel and wakes the waiters they name. One per Client, started by the
 // first wait and stopped by Close: a subscription per waiter would cost a
 // connection each, and a shared channel for all processes would wake every
 // process at every release.
@@ -28,15 +28,15 @@ type subscriber struct {
 	done    chan struct{} // closed when the goroutine has ended
 }
 
-// A grant is what wakes a waiter: the lock was handed to it after its
-// attempt number seq, with fencing token fence. A local grant, from a
-// release of the waiter's own client, is for the waiter's full TTL, set by a
-// release that began at at; any other is for the grant lease. The zero
-// grant only asks the waiter to check.
+// A grant is what wakes a waiter. One with a fence is a hand-over by a
+// release of the waiter's own client, which began at at: the waiter holds
+// the lock, for its TTL from then, with that fencing token. The zero grant
+// asks the waiter to look: a message from another process's release (which
+// reserved the lock for it, or says it did), or a release here that took it
+// along and left it to check.
 type grant struct {
-	seq, fence int64
-	local      bool
-	at         time.Time
+	fence int64
+	at    time.Time
 }
 
 // register records w for its grants, starting the subscriber if this is
@@ -76,13 +76,10 @@ func (c *Client) unregister(tok string) {
 	delete(c.waiters, tok)
 }
 
-// parseGrant reads a grant message: the waiter's token, the seq of its
-// attempt and the fencing token. A malformed one only asks the waiter to
-// check.
+// parseGrant reads the grant in a release's reply: the waiter's token and
+// its fencing token. A malformed one only asks the waiter to check.
 func parseGrant(msg string) (tok string, g grant) {
-	tok, rest, _ := strings.Cut(msg, " ")
-	seq, fence, _ := strings.Cut(rest, " ")
-	g.seq, _ = strconv.ParseInt(seq, 10, 64)
+	tok, fence, _ := strings.Cut(msg, " ")
 	g.fence, _ = strconv.ParseInt(fence, 10, 64)
 	if g.fence <= 0 {
 		g = grant{}
@@ -98,7 +95,7 @@ func (c *Client) waiter(tok string) *waiter {
 }
 
 // wake wakes w with g. A grant for a waiter that has just given up is not
-// lost: that waiter's leave finds the lock granted to it and passes it on.
+// lost: that waiter's leave finds the lock handed to it and passes it on.
 func wake(w *waiter, g grant) {
 	select {
 	case w.wake <- g:
@@ -106,11 +103,11 @@ func wake(w *waiter, g grant) {
 	}
 }
 
-// wakePublished wakes the waiter that a published grant message names.
-func (c *Client) wakePublished(msg string) {
-	tok, g := parseGrant(msg)
+// wakePublished makes the waiter that a published message names look at
+// the lock: the message is only a hint, which the waiter's attempt checks.
+func (c *Client) wakePublished(tok string) {
 	if w := c.waiter(tok); w != nil {
-		wake(w, g)
+		wake(w, grant{})
 	}
 }
 

@@ -77,6 +77,15 @@ func waitListening(t testing.TB, c *distlock.Client) {
 		5*time.Second, time.Millisecond, "the client's subscription was not confirmed")
 }
 
+// stolen does what another holder does to key when the lease of the lock
+// on it ran out: it takes the key, with the next fencing token.
+func stolen(t testing.TB, rdb *redis.Client, prefix, key string) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, rdb.Set(ctx, lockKey(prefix, key), "intruder", time.Minute).Err())
+	require.NoError(t, rdb.Incr(ctx, lockKey(prefix, key)+":fence").Err())
+}
+
 type obtained struct {
 	l   *distlock.Lock
 	err error

@@ -25,6 +25,41 @@ import (
 // therefore costs one round trip per hand-over, the release, and processes
 // take turns in the order they queued, each serving the waiters it had when
 // its turn began: every waiter gets the key once per round.
+//
+// The line of one key is in one of three states, by its head:
+//
+//	state    head  holding  the head
+//	empty    ""    -        none: nobody here holds the key or asks Redis for it
+//	asking   tok   false    is trying to take the key, or is queued in Redis
+//	holding  tok   true     holds the lock, valid until until
+//
+// A head that is asking, or holding within until, is alive: a waiter that
+// comes then defers behind it. Every change is one method, under the
+// shard's mutex:
+//
+//	method        from                to
+//	join          empty, or head dead asking: the caller is the head
+//	              head alive          unchanged: the caller defers
+//	setQueued     empty               asking: the waiter queued in Redis is the head
+//	              (any)               busy: the next obtain skips take
+//	setHolder     (any)               holding tok; a turn of every waiter deferred now
+//	beginRelease  head tok            unchanged; the oldest deferred waiter is sent:
+//	                                  tok's release takes it along
+//	endRelease    head tok            holding next: the release handed next the lock
+//	                                  (one turn fewer, or a new turn if not in turn)
+//	                                  asking first: it queued first in Redis
+//	                                  empty: every deferred waiter is woken to ask
+//	                                  Redis itself
+//	rejoin        (a deferred waiter woke without a grant) sent: it leaves, to
+//	              ask Redis; head alive: it stays; else asking: it is the head
+//	leaveLine     (a deferred waiter gives up) it leaves; reports whether sent
+//	clearBusy     (any)               not busy: the key was free again
+//
+// Invariants: a waiter of this client is in Redis's queue, or holds a
+// reservation there, only if it is the head or was sent; a sent waiter is
+// woken by the release that took it along (with the lock, or to ask Redis)
+// or by its own recheck; and a line with no head, no deferred waiter and no
+// busy mark is forgotten.
 
 const localShards = 32
 
@@ -44,7 +79,11 @@ type keyState struct {
 
 func (s *keyState) empty() bool { return !s.busy && s.head == "" && len(s.deferred) == 0 }
 
-// undefer takes w out of the waiters deferred here.
+// dropHead records the end of tok's hold, or of its asking, with the lock
+// handed to nobody here: see endRelease.
+func (c *Client) dropHead(key, tok string) { c.endRelease(key, tok, nil, "", time.Time{}, false) }
+
+// leaveLine takes w out of the waiters deferred here.
 func (s *keyState) undefer(w *waiter) {
 	s.drop(func(d *waiter) bool { return d == w })
 }
@@ -76,9 +115,6 @@ type waiter struct {
 	ttl  time.Duration
 	wake chan grant
 	sent bool // may be queued in Redis or granted, by a release (under the shard's mu)
-	// takenAt is when a release last took it along (under the shard's mu):
-	// no grant that release queued it for is older.
-	takenAt time.Time
 }
 
 func newWaiter(tok string, ttl time.Duration) *waiter {
@@ -93,12 +129,12 @@ func (c *Client) shard(key string) *keyShard {
 	return &c.local[maphash.String(c.seed, key)%localShards]
 }
 
-// enter is an Obtain's first look at key. If this client has a head for
+// join is an Obtain's first look at key. If this client has a head for
 // key (a lock still valid, or a waiter that is asking Redis or queued
 // there), the waiter is registered and deferred behind it, and returned.
 // Else the caller becomes the head, until it holds the key, is queued, or
 // leaves; enter reports whether key made this client's last waiter queue.
-func (c *Client) enter(key, tok string, ttl time.Duration) (w *waiter, busy bool, err error) {
+func (c *Client) join(key, tok string, ttl time.Duration) (w *waiter, busy bool, err error) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -121,12 +157,12 @@ func (s *keyState) alive() bool {
 	return s.head != "" && (!s.holding || time.Now().Before(s.until))
 }
 
-// stay decides what a deferred waiter w does when it wakes without a grant
+// rejoin decides what a deferred waiter w does when it wakes without a grant
 // (its recheck, or its head let go without taking it along). Behind a head
 // still alive it stays, in its place, or at the end if it had lost it. If a
 // release took it along (sent), or nobody is left to wait behind, it must
 // ask Redis: in the second case as the head.
-func (c *Client) stay(key string, w *waiter) (stay, sent bool) {
+func (c *Client) rejoin(key string, w *waiter) (stay, sent bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -145,8 +181,8 @@ func (c *Client) stay(key string, w *waiter) (stay, sent bool) {
 	return false, false
 }
 
-// held records that tok holds key here, valid until until.
-func (c *Client) held(key, tok string, until time.Time) {
+// setHolder records that tok holds key here, valid until until.
+func (c *Client) setHolder(key, tok string, until time.Time) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -155,8 +191,8 @@ func (c *Client) held(key, tok string, until time.Time) {
 	st.turn = len(st.deferred)
 }
 
-// holding reports whether tok holds key here, as held recorded.
-func (c *Client) holding(key, tok string) bool {
+// isHolder reports whether tok holds key here, as setHolder recorded.
+func (c *Client) isHolder(key, tok string) bool {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -164,9 +200,9 @@ func (c *Client) holding(key, tok string) bool {
 	return st != nil && st.head == tok && st.holding
 }
 
-// queuedHere records that tok, a waiter of this client, is in key's queue
+// setQueued records that tok, a waiter of this client, is in key's queue
 // in Redis: the head, unless the client has another.
-func (c *Client) queuedHere(key, tok string) {
+func (c *Client) setQueued(key, tok string) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -177,12 +213,12 @@ func (c *Client) queuedHere(key, tok string) {
 	}
 }
 
-// releasing returns the first waiter deferred behind tok, marked sent, if
+// beginRelease returns the first waiter deferred behind tok, marked sent, if
 // tok is key's head here: the release (or departure) of tok about to run
 // takes it along, and, if inTurn, may hand it the lock without looking at
-// Redis's queue. tok stays the head until released: waiters that come
+// Redis's queue. tok stays the head until endRelease: waiters that come
 // meanwhile defer too.
-func (c *Client) releasing(key, tok string) (w *waiter, inTurn bool) {
+func (c *Client) beginRelease(key, tok string) (w *waiter, inTurn bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -191,20 +227,11 @@ func (c *Client) releasing(key, tok string) (w *waiter, inTurn bool) {
 		return nil, false
 	}
 	w = st.deferred[0]
-	w.sent, w.takenAt = true, time.Now()
+	w.sent = true
 	return w, st.turn > 0
 }
 
-// takenAt returns when a release last took w, deferred for key, along; the
-// zero time if none did.
-func (c *Client) takenAt(key string, w *waiter) time.Time {
-	sh := c.shard(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	return w.takenAt
-}
-
-// released records the end of the release (or departure) of tok, key's
+// endRelease records the end of the release (or departure) of tok, key's
 // head here, which took along first (or nil). If the lock went to a waiter
 // here, next, that one is the head now, holding until until, and first, if
 // it is not next, waits behind it again; inTurn says whether the hand-over
@@ -212,7 +239,7 @@ func (c *Client) takenAt(key string, w *waiter) time.Time {
 // queued in Redis, it is the head, waiting. Else the client has no head for
 // key, and the waiters that deferred while the release was under way are
 // told to check by themselves.
-func (c *Client) released(key, tok string, first *waiter, next string, until time.Time, inTurn bool) {
+func (c *Client) endRelease(key, tok string, first *waiter, next string, until time.Time, inTurn bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	st := sh.keys[key]
@@ -247,9 +274,9 @@ func (c *Client) released(key, tok string, first *waiter, next string, until tim
 	}
 }
 
-// undefer takes w out of key's deferred waiters, and reports whether a
+// leaveLine takes w out of key's deferred waiters, and reports whether a
 // release has taken it to queue it (or hand it the lock).
-func (c *Client) undefer(key string, w *waiter) (sent bool) {
+func (c *Client) leaveLine(key string, w *waiter) (sent bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -261,9 +288,9 @@ func (c *Client) undefer(key string, w *waiter) (sent bool) {
 	return w.sent
 }
 
-// notBusy records that a waiter for key did not have to queue: the key is
+// clearBusy records that a waiter for key did not have to queue: the key is
 // free again, and the next obtain tries to take it first.
-func (c *Client) notBusy(key string) {
+func (c *Client) clearBusy(key string) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

@@ -27,6 +27,9 @@ type lockOwner interface {
 	observe(Event)
 	// holdTimers runs the watchdogs of the owner's holds.
 	holdTimers() *keepalive.Timers
+	// releaseContext is the context of a release: ctx's values, without
+	// its cancellation, ending releaseTimeout later.
+	releaseContext(ctx context.Context) context.Context
 }
 
 // A Lock is one acquisition of a key: the key, the random token that only
@@ -35,8 +38,9 @@ type lockOwner interface {
 // change; a successful refresh moves the deadline.
 //
 // The deadline is measured on this process's monotonic clock from the start
-// of the attempt that obtained (or last refreshed) the lock, so it never
-// runs past the lease Redis granted, whatever the network delay. Past it,
+// of the attempt that obtained (or last refreshed) the lock, less an
+// allowance for the clocks' drift (1% of the TTL and 2ms), so it does not
+// run past the lease Redis granted, whatever the network delay. Past it,
 // another process may hold the key.
 //
 // A Lock is safe for simultaneous use by multiple goroutines.
@@ -49,72 +53,20 @@ type Lock struct {
 	ttl   time.Duration
 	taken bool // obtained by a Client's take, with nobody queued
 
-	vmu   sync.Mutex // protects valid
-	valid time.Time
+	valid atomic.Pointer[time.Time] // only ever moved later
 
-	// A lock handed over by a release is held at first for the short grant
-	// lease only; accept extends it to its TTL beside the holder's work, from
-	// a timer that Release stops, or waits for.
-	accepting   chan struct{} // closed when the extension has finished; nil if none
-	acceptTimer *time.Timer   // runs the extension; stopped, it never will
-	acceptFrom  time.Time     // when accept was called: the extension starts no earlier
-	acceptBy    time.Time     // the grant lease's end: the extension's deadline
-	releasing   atomic.Bool   // set before the release is sent: a later accept failure means nothing
-	amu         sync.Mutex    // protects acceptErr and onLost
-	acceptErr   error         // the accept failed before the release: the lock was lost
-	onLost      context.CancelCauseFunc
-
-	mu         sync.Mutex // protects the fields below; held during Release
-	hold       *keepalive.Hold
-	holdCtx    context.Context
-	holdCancel context.CancelCauseFunc // the hold's parent, when it started during an accept
-	watched    bool                    // Hold was called: fn ran under the hold's ctx
-	lost       error                   // what the watchdog reported when it stopped
-	released   bool
-	result     error // Release's outcome, returned again by later calls
+	mu       sync.Mutex // protects the fields below; held during Release
+	hold     *keepalive.Hold
+	holdCtx  context.Context
+	lost     error // what the watchdog reported when it stopped
+	released bool
+	result   error // Release's outcome, returned again by later calls
 }
 
 func newLock(owner lockOwner, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
-	return &Lock{owner: owner, key: key, keys: keys, token: tok, fence: fence, ttl: ttl, valid: valid}
-}
-
-// accept extends a lock handed over by a release to its TTL, bounded by
-// the grant lease (deadline): past it, an answer would prove nothing. It
-// waits a little first, on a timer rather than a goroutine, because a hot
-// key's holder often releases within microseconds, and then the extension
-// is a wasted round trip and Release only stops the timer. A failure before
-// the release is a lost lock: a hold's ctx is cancelled with it.
-func (l *Lock) accept(deadline time.Time) {
-	l.accepting = make(chan struct{})
-	l.acceptFrom = time.Now()
-	l.acceptBy = deadline
-	// Well inside the grant lease, of which at least half is left.
-	l.acceptTimer = time.AfterFunc(time.Until(deadline)/4, l.extendGrant)
-}
-
-// extendGrant is the extension of accept, run once, by its timer or by Hold.
-func (l *Lock) extendGrant() {
-	defer close(l.accepting)
-	ctx, cancel := context.WithDeadline(context.Background(), l.acceptBy)
-	defer cancel()
-	held, err := l.extend(ctx, l.ttl)
-	switch {
-	case err != nil:
-		err = fmt.Errorf("distlock: obtain %q: accepting the grant: %v: %w", l.key, err, contend.ErrLockLost)
-	case !held:
-		err = fmt.Errorf("distlock: obtain %q: the grant lapsed before it was accepted: %w", l.key, contend.ErrLockLost)
-	}
-	if err == nil || l.releasing.Load() {
-		return
-	}
-	l.amu.Lock()
-	l.acceptErr = err
-	onLost := l.onLost
-	l.amu.Unlock()
-	if onLost != nil {
-		onLost(err)
-	}
-	l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: err})
+	l := &Lock{owner: owner, key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
+	l.valid.Store(&valid)
+	return l
 }
 
 // Key returns the key the lock is on, without the prefix.
@@ -134,10 +86,17 @@ func (l *Lock) Fence() int64 { return l.fence }
 
 // ValidUntil returns the local deadline until which the lock is known to be
 // held, unless it was released or taken away by hand. See [Lock].
-func (l *Lock) ValidUntil() time.Time {
-	l.vmu.Lock()
-	defer l.vmu.Unlock()
-	return l.valid
+func (l *Lock) ValidUntil() time.Time { return *l.valid.Load() }
+
+// moveValid moves the validity to v, if v is later: refreshes that return
+// out of order never move it back.
+func (l *Lock) moveValid(v time.Time) {
+	for {
+		old := l.valid.Load()
+		if !v.After(*old) || l.valid.CompareAndSwap(old, &v) {
+			return
+		}
+	}
 }
 
 // TTL asks Redis how much of the lease is left (for a [Quorum], how long a
@@ -179,7 +138,13 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("distlock: refresh %q: %w", l.key, err)
 	}
 	if !held {
-		return fmt.Errorf("distlock: refresh %q: lock expired or taken over: %w", l.key, contend.ErrLockLost)
+		err := fmt.Errorf("distlock: refresh %q: lock expired or taken over: %w", l.key, contend.ErrLockLost)
+		l.mu.Lock()
+		if l.lost == nil {
+			l.lost = err // final: Release reports it too
+		}
+		l.mu.Unlock()
+		return err
 	}
 	return nil
 }
@@ -189,11 +154,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) (bool, error) {
 	began := time.Now()
 	held, err := l.owner.refresh(ctx, l, ttl)
 	if err == nil && held {
-		l.vmu.Lock()
-		if v := began.Add(ttl - l.owner.margin(ttl)); v.After(l.valid) {
-			l.valid = v
-		}
-		l.vmu.Unlock()
+		l.moveValid(began.Add(ttl - l.owner.margin(ttl)))
 	}
 	return held, err
 }
@@ -217,32 +178,9 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 		l.holdCtx = hctx
 		return hctx
 	}
-	l.watched = true
 	ttl := l.ttl - l.owner.margin(l.ttl)
 	obtained := l.ValidUntil().Add(-ttl)
-	parent := ctx
-	if l.accepting != nil {
-		select {
-		case <-l.accepting:
-		default:
-			// The extension is pending or under way, on its timer, well
-			// inside the grant lease: work that ends sooner never waits for
-			// it. Count the lease from no later than the extension starts.
-			// Should it fail, or come too late, the hold's ctx is cancelled
-			// with its error before the grant lease, which is all the lock
-			// had, runs out.
-			obtained = l.acceptFrom
-		}
-		parent, l.holdCancel = context.WithCancelCause(ctx)
-		l.amu.Lock()
-		if l.acceptErr != nil {
-			l.holdCancel(l.acceptErr)
-		} else {
-			l.onLost = l.holdCancel
-		}
-		l.amu.Unlock()
-	}
-	l.hold = l.owner.holdTimers().Start(parent, obtained, ttl, func(ctx context.Context) (bool, error) {
+	l.hold = l.owner.holdTimers().Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
 		held, err := l.extend(ctx, l.ttl)
 		switch {
 		case err != nil:
@@ -277,35 +215,13 @@ func (l *Lock) Release(ctx context.Context) error {
 	if l.released {
 		return l.result
 	}
-	l.releasing.Store(true)
 	if l.hold != nil {
-		l.lost = l.hold.Stop()
+		if lost := l.hold.Stop(); lost != nil {
+			l.lost = lost
+		}
 		l.hold = nil
 	}
-	if l.holdCancel != nil {
-		l.holdCancel(context.Canceled)
-		l.holdCancel = nil
-	}
-	rctx := cleanupContext(ctx)
-	// An extension stopped here never runs: it counts as finished. One that
-	// runs is waited for.
-	extending := false
-	if l.acceptTimer != nil {
-		if l.acceptTimer.Stop() {
-			close(l.accepting)
-		} else {
-			extending = true
-		}
-	}
-	held, err := l.owner.release(rctx, l)
-	if extending {
-		<-l.accepting
-	}
-	l.amu.Lock()
-	if l.watched && l.lost == nil && l.acceptErr != nil {
-		l.lost = l.acceptErr // fn's ctx was cancelled with it
-	}
-	l.amu.Unlock()
+	held, err := l.owner.release(l.owner.releaseContext(ctx), l)
 	if err != nil {
 		return errors.Join(l.lost, fmt.Errorf("distlock: release %q: %w", l.key, err))
 	}

@@ -88,6 +88,7 @@ type Quorum struct {
 	cfg    QuorumConfig
 	quorum int
 	holds  keepalive.Timers
+	clock  releaseClock
 }
 
 var _ contend.Guard = (*Quorum)(nil)
@@ -115,6 +116,9 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 	}
 	if cfg.Prefix == "" {
 		cfg.Prefix = DefaultPrefix
+	}
+	if err := checkPrefix("QuorumConfig.Prefix", cfg.Prefix); err != nil {
+		return nil, err
 	}
 	if cfg.TTL == 0 {
 		cfg.TTL = DefaultTTL
@@ -219,7 +223,7 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 	tok := token.New()
 	began := time.Now()
 	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := lockScript.Run(ctx, n, keys, tok, ttl.Milliseconds()).Int64()
+		v, err := quorumLockScript.Run(ctx, n, keys, takeArgs{token: tok, ttl: ttl}.argv()...).Int64()
 		return v == 1, err
 	})
 	valid := began.Add(ttl - q.margin(ttl))
@@ -229,9 +233,7 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 	}
 	// Also the nodes that failed: their SET may have run, its reply lost.
 	l := newLock(q, key, keys, tok, 0, ttl, valid)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	_, _ = q.release(rctx, l)
-	cancel()
+	_, _ = q.release(q.releaseContext(ctx), l)
 	switch {
 	case no > len(q.nodes)-q.quorum:
 		return nil, contend.ErrConflict
@@ -288,14 +290,20 @@ func tally(res []nodeResult) (ok, no int, errs []error) {
 
 func (q *Quorum) holdTimers() *keepalive.Timers { return &q.holds }
 
-func (q *Quorum) margin(ttl time.Duration) time.Duration {
-	return time.Duration(float64(ttl)*q.cfg.DriftFactor) + 2*time.Millisecond
+func (q *Quorum) releaseContext(ctx context.Context) context.Context { return q.clock.context(ctx) }
+
+func (q *Quorum) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, q.cfg.DriftFactor) }
+
+// driftMargin is the allowance for clocks that run at different rates over
+// a lease of ttl: factor of it, and 2ms, as Redlock allows.
+func driftMargin(ttl time.Duration, factor float64) time.Duration {
+	return time.Duration(float64(ttl)*factor) + 2*time.Millisecond
 }
 
 func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
 	began := time.Now()
 	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := refreshScript.Run(ctx, n, l.keys, l.token, ttl.Milliseconds()).Int64()
+		v, err := quorumRefreshScript.Run(ctx, n, l.keys, refreshArgs{token: l.token, ttl: ttl}.argv()...).Int64()
 		return v == 1, err
 	})
 	ok, no, errs := tally(res)
@@ -310,7 +318,7 @@ func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 
 func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
 	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := unlockScript.Run(ctx, n, l.keys, l.token).Int64()
+		v, err := quorumUnlockScript.Run(ctx, n, l.keys, l.token).Int64()
 		return v == 1, err
 	})
 	ok, no, errs := tally(res)
@@ -329,7 +337,7 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 		left []time.Duration
 	)
 	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := pttlScript.Run(ctx, n, l.keys, l.token).Int64()
+		v, err := quorumPTTLScript.Run(ctx, n, l.keys, l.token).Int64()
 		if err != nil || v == -3 {
 			return false, err
 		}

@@ -1,5 +1,4 @@
--- pttl: the lease left, if the caller still holds the lock (its token,
--- marked or not: see lib.lua).
---   KEYS[1] the lock; ARGV[1] token. Returns -3 when not held, else PTTL.
+-- pttl: the lease left, if the caller still holds the lock.
+--   ARGV[1] token. Returns -3 when not held, else PTTL.
 if not holds(redis.call('GET', KEYS[1]), ARGV[1]) then return -3 end
 return redis.call('PTTL', KEYS[1])

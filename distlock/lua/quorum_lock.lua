@@ -1,4 +1,4 @@
--- lock: SET NX PX, for the nodes of a quorum, which keep no queue or fence.
+-- quorum_lock: SET NX PX on a Quorum node, which keeps no queue or fence.
 --   KEYS[1] the lock; ARGV[1] token, ARGV[2] ttl ms. Returns 1 if set.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return 0

@@ -1,0 +1,205 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/contend/contend"
+)
+
+// Config configures a [Client]. The zero value is ready to use: every field
+// has a documented default.
+type Config struct {
+	// Prefix is put before every key and channel the client makes, so that
+	// locks of different applications sharing a Redis cannot collide.
+	// Default: "distlock:".
+	Prefix string
+	// TTL is the lease of a lock that [Client.Do] takes; Do refreshes it
+	// every TTL/3 while fn runs. A holder that crashes blocks the key for at
+	// most this long. Redis counts in milliseconds: it is truncated to one.
+	// Default: 10s; at least [MinTTL].
+	TTL time.Duration
+	// FailFast makes [Client.Do] give up at once, with an error matching
+	// [contend.ErrConflict], when the key is held, as a cron job that only
+	// one instance must run wants. Default: false, Do waits for the lock.
+	FailFast bool
+	// MaxWait bounds every wait for a held key (Obtain, and Do without
+	// FailFast) when ctx allows longer, so that a stuck holder cannot make
+	// callers without a deadline wait forever. Default: 30s.
+	MaxWait time.Duration
+	// Recheck is how often a waiter checks the lock by itself, in case the
+	// message that grants it the lock was lost (a dropped subscription) or
+	// the holder died without releasing. It also renews the waiter's place
+	// in the queue, which lapses after three Rechecks without one (the
+	// waiter's process died). Default: 500ms.
+	Recheck time.Duration
+	// GrantLease is how long a lock that another process's release hands
+	// to one of this client's waiters stays the waiter's before it accepts
+	// it (and extends it to its TTL); a hand-over within this client is for
+	// the waiter's TTL at once.
+	// It is short so that a waiter whose process died holds the key only
+	// briefly; longer than Recheck so that a waiter whose grant message was
+	// lost finds the grant still there when it checks. Default: 2 × Recheck,
+	// and never more than the waiter's TTL.
+	GrantLease time.Duration
+	// Backoff paces a waiter's checks while the client cannot receive
+	// grants (its subscription is down): jittered exponential backoff,
+	// capped at Recheck. Its MaxAttempts is ignored: waits end with ctx or
+	// MaxWait. Default: contend.Retry's defaults, MaxDelay at most Recheck.
+	Backoff contend.Retry
+	// Observe, when set, is called with every [Event]: obtains, wait times,
+	// refresh failures, losses. It runs on the caller's or the watchdog's
+	// goroutine and must not block. Default: nil, no events.
+	Observe func(Event)
+}
+
+// Defaults of [Config].
+const (
+	DefaultPrefix  = "distlock:"
+	DefaultTTL     = 10 * time.Second
+	DefaultMaxWait = 30 * time.Second
+	DefaultRecheck = 500 * time.Millisecond
+)
+
+// MinTTL is the shortest lease accepted. The watchdog refreshes every TTL/3,
+// and each refresh is a round trip to Redis that must fit in that interval
+// with room to retry.
+const MinTTL = 10 * time.Millisecond
+
+// releaseTimeout bounds the clean-up calls (release, leaving the queue) that
+// must happen even when the caller's ctx has already ended.
+const releaseTimeout = 5 * time.Second
+
+// A releaseClock gives clean-up calls that must run even when the
+// caller's ctx has ended (a release, a waiter leaving the queue) a context
+// of their own that ends releaseTimeout later, give or take a tick: the
+// calls of one tick share one channel and one timer. A timer per release
+// would cost more than the release: a timer due before every other one
+// makes the runtime wake a thread to watch it. The zero value is ready.
+type releaseClock struct {
+	mu   sync.Mutex // protects the fields below
+	at   time.Time  // when done closes
+	done chan struct{}
+}
+
+// releaseTick is how much later than releaseTimeout a clean-up call may end.
+const releaseTick = 50 * time.Millisecond
+
+// context returns ctx's values, without its cancellation, ending
+// releaseTimeout from now, rounded up to the next tick.
+func (rc *releaseClock) context(ctx context.Context) context.Context {
+	at := time.Now().Add(releaseTimeout + releaseTick).Truncate(releaseTick)
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if !at.Equal(rc.at) {
+		done := make(chan struct{})
+		rc.at, rc.done = at, done
+		time.AfterFunc(time.Until(at), func() { close(done) })
+	}
+	return &releaseContext{Context: context.WithoutCancel(ctx), at: rc.at, done: rc.done}
+}
+
+type releaseContext struct {
+	context.Context // ctx without its cancellation, for its values
+	at              time.Time
+	done            chan struct{}
+}
+
+func (c *releaseContext) Deadline() (time.Time, bool) { return c.at, true }
+func (c *releaseContext) Done() <-chan struct{}       { return c.done }
+func (c *releaseContext) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+// healthInterval is how long the subscription may stay silent before it is
+// pinged, so that a connection that died without a reset is noticed.
+const healthInterval = 5 * time.Second
+
+// errMaxWait is the cause of a wait cut short by Config.MaxWait.
+var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.DeadlineExceeded)
+
+// ErrClosed reports a call on a [Client] after [Client.Close], or a wait that
+// Close cut short.
+var ErrClosed = errors.New("distlock: client closed")
+
+func (cfg Config) withDefaults() (Config, error) {
+	for name, d := range map[string]time.Duration{
+		"TTL": cfg.TTL, "MaxWait": cfg.MaxWait, "Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease,
+	} {
+		if d < 0 {
+			return cfg, fmt.Errorf("distlock: Config.%s %v is negative: %w", name, d, contend.ErrInvalid)
+		}
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if err := checkPrefix("Config.Prefix", cfg.Prefix); err != nil {
+		return cfg, err
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if err := checkTTL("Config.TTL", cfg.TTL); err != nil {
+		return cfg, err
+	}
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.Recheck == 0 {
+		cfg.Recheck = DefaultRecheck
+	}
+	if cfg.Recheck < time.Millisecond {
+		return cfg, fmt.Errorf("distlock: Config.Recheck %v is below 1ms: %w", cfg.Recheck, contend.ErrInvalid)
+	}
+	if cfg.GrantLease == 0 {
+		cfg.GrantLease = 2 * cfg.Recheck
+	}
+	if cfg.GrantLease < time.Millisecond {
+		return cfg, fmt.Errorf("distlock: Config.GrantLease %v is below 1ms: %w", cfg.GrantLease, contend.ErrInvalid)
+	}
+	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > cfg.Recheck {
+		cfg.Backoff.MaxDelay = min(contend.DefaultMaxDelay, cfg.Recheck)
+	}
+	return cfg, nil
+}
+
+func checkTTL(what string, ttl time.Duration) error {
+	if ttl < MinTTL {
+		return fmt.Errorf("distlock: %s %v is below the minimum of %v: %w", what, ttl, MinTTL, contend.ErrInvalid)
+	}
+	return nil
+}
+
+// checkKey refuses an empty key, and one with a '}': the lock's keys are
+// Prefix + "{" + key + "}" and suffixes, and Redis Cluster hashes only what
+// lies between the first '{' and the first '}' after it. A '}' in key would
+// end that early: a key that starts with one leaves the tag empty and the
+// lock's keys on different slots, where no script can touch them together.
+func checkKey(op, key string) error {
+	if key == "" {
+		return fmt.Errorf("distlock: %s: empty key: %w", op, contend.ErrInvalid)
+	}
+	if strings.ContainsRune(key, '}') {
+		return fmt.Errorf("distlock: %s %q: a key may not contain '}', which ends its Cluster hash tag: %w", op, key, contend.ErrInvalid)
+	}
+	return nil
+}
+
+// checkPrefix refuses a prefix with a brace: a '{' there would make the
+// prefix, not the key, the hash tag of every lock, and put them all on one
+// Cluster slot.
+func checkPrefix(what, prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return fmt.Errorf("distlock: %s %q: a prefix may not contain '{' or '}', which would put every lock on one Cluster slot: %w", what, prefix, contend.ErrInvalid)
+	}
+	return nil
+}

@@ -1,0 +1,248 @@
+package distlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/faultproxy"
+	"github.com/contend/contend/internal/testserver"
+)
+
+// These tests put a TCP fault proxy between a Client and Redis, and use
+// go-redis as users do: a client with its default options, which ignores
+// ctx deadlines and re-sends a command after a read timeout. Each says
+// which promise holds under its fault.
+
+// behind returns a Client on a go-redis client that reaches Redis through
+// a proxy of its own, and the proxy. opts tunes the go-redis client (its
+// Addr is set here); the zero Options are go-redis's defaults.
+func behind(t *testing.T, rdb *redis.Client, opts redis.Options, cfg distlock.Config) (*distlock.Client, *faultproxy.Proxy) {
+	t.Helper()
+	proxy := faultproxy.Start(t, rdb.Options().Addr)
+	opts.Addr = proxy.Addr()
+	via := redis.NewClient(&opts)
+	t.Cleanup(func() { via.Close() })
+	return newClient(t, via, cfg), proxy
+}
+
+// A holder cut off from Redis by a partition (nothing is forwarded, no
+// connection is closed) is told, by its own timer, when its lock's
+// validity passes: fn's ctx is cancelled with ErrLockLost before another
+// process, polling Redis on a direct connection, obtains the key, and
+// within 50ms of the holder's ValidUntil. go-redis by itself would report
+// the stuck refresh only after its read timeout (5s by default), long
+// after the other process took over.
+func TestPartitionedHolderIsToldInTime(t *testing.T) {
+	t.Parallel()
+	const (
+		runs   = 50
+		ttl    = 200 * time.Millisecond
+		within = 50 * time.Millisecond
+	)
+	rdb, prefix := testserver.Redis(t)
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix})
+	var lags, leads []time.Duration
+	for i := range runs {
+		lag, lead := partitioned(t, rdb, other, prefix, fmt.Sprintf("job%d", i), ttl)
+		require.Less(t, lag, within, "run %d: told %v after its validity ended", i, lag)
+		require.Positive(t, lead, "run %d: the other process obtained the key %v before the holder was told", i, -lead)
+		lags, leads = append(lags, lag), append(leads, lead)
+	}
+	slices.Sort(lags)
+	slices.Sort(leads)
+	t.Logf("%d partitions of a %v lease: told after ValidUntil by min %v, median %v, max %v; before the other process obtained by min %v, median %v",
+		runs, ttl, lags[0], lags[runs/2], lags[runs-1], leads[0], leads[runs/2])
+}
+
+// partitioned runs one partition of a holder of key: it returns how long
+// after its ValidUntil the holder was told, and how long before the other
+// process obtained the key.
+func partitioned(t *testing.T, rdb *redis.Client, other *distlock.Client, prefix, key string, ttl time.Duration) (lag, lead time.Duration) {
+	t.Helper()
+	holder, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: ttl})
+	taken := make(chan time.Time, 1)
+	var valid, told time.Time
+	err := holder.Do(t.Context(), key, func(ctx context.Context) error {
+		l, _ := distlock.FromContext(ctx)
+		proxy.Blackhole()
+		go func() { taken <- poll(other, key) }()
+		<-ctx.Done()
+		told, valid = time.Now(), l.ValidUntil()
+		if !errors.Is(context.Cause(ctx), contend.ErrLockLost) {
+			return fmt.Errorf("fn's ctx ended with %v", context.Cause(ctx))
+		}
+		// Let the release through: its outcome is not what this test is
+		// about. The reset ends the refresh go-redis is still waiting on.
+		proxy.Heal()
+		proxy.Reset()
+		return nil
+	})
+	require.ErrorIs(t, err, contend.ErrLockLost)
+	obtained := <-taken
+	require.False(t, obtained.IsZero(), "the other process never obtained the key")
+	return told.Sub(valid), obtained.Sub(told)
+}
+
+// poll tries to obtain key every millisecond, for up to 5s, and returns
+// when it did (the zero time if it never did); it lets the lock go at once.
+func poll(c *distlock.Client, key string) time.Time {
+	ctx := context.Background()
+	for giveUp := time.Now().Add(5 * time.Second); time.Now().Before(giveUp); time.Sleep(time.Millisecond) {
+		l, err := c.TryObtain(ctx, key, time.Minute)
+		if err == nil {
+			at := time.Now()
+			_ = l.Release(ctx)
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+// An obtain whose reply is lost after Redis ran it is sent again by
+// go-redis: the second run finds the caller's own token and answers as the
+// first did, with the same fencing token. The caller holds the lock; it
+// is not told "busy" while its own lock blocks the key for a whole TTL.
+func TestObtainSentTwiceIsOneLock(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	// A short read timeout so that go-redis gives up on the lost reply,
+	// and sends the script again, quickly; its retries are the default.
+	c, proxy := behind(t, rdb, redis.Options{ReadTimeout: 200 * time.Millisecond}, distlock.Config{Prefix: prefix})
+	ctx := t.Context()
+	warm(t, c)
+
+	proxy.DropNextReply()
+	l, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err, "the obtain sent again found its own lock and called it busy")
+	fence, err := rdb.Get(ctx, lockKey(prefix, "job")+":fence").Int64()
+	require.NoError(t, err)
+	require.Equal(t, fence, l.Fence(), "the second run moved the fencing counter")
+	require.Equal(t, l.Token(), rdb.Get(ctx, lockKey(prefix, "job")).Val())
+	require.NoError(t, l.Release(ctx))
+	require.Zero(t, rdb.Exists(ctx, lockKey(prefix, "job")).Val())
+}
+
+// A release whose reply is lost is sent again: the second run finds the
+// lock gone, with nobody having taken it since, and that is no loss.
+func TestReleaseSentTwiceIsNotALoss(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	c, proxy := behind(t, rdb, redis.Options{ReadTimeout: 200 * time.Millisecond}, distlock.Config{Prefix: prefix, FailFast: true})
+	ctx := t.Context()
+	warm(t, c)
+
+	ran := false
+	err := c.Do(ctx, "job", func(context.Context) error {
+		ran = true
+		proxy.DropNextReply() // the release's
+		return nil
+	})
+	require.True(t, ran)
+	require.NoError(t, err, "the release sent again reported the lock lost after fn succeeded")
+	require.Zero(t, rdb.Exists(ctx, lockKey(prefix, "job")).Val())
+}
+
+// warm makes c load its scripts and open a connection, so that the next
+// reply the proxy sees is the next call's.
+func warm(t *testing.T, c *distlock.Client) {
+	t.Helper()
+	l, err := c.TryObtain(t.Context(), "warm", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// Connections reset under a holder (a failover, a load balancer dropping
+// its flows) are no loss while the refreshes that go-redis re-sends on new
+// connections arrive in time: fn runs to the end, undisturbed.
+func TestResetConnectionsAreNotALoss(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond})
+	err := c.Do(t.Context(), "job", func(ctx context.Context) error {
+		for range 10 {
+			proxy.Reset()
+			select {
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+// On a slow link the holder's validity never runs past the lease Redis
+// holds: it is counted from when each call was sent, not answered.
+func TestLatencyNeverOverstatesTheLease(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond})
+	warm(t, c) // a new connection's handshake would take four round trips
+	proxy.SetLatency(30 * time.Millisecond)
+	checks := 0
+	err := c.Do(t.Context(), "job", func(ctx context.Context) error {
+		l, _ := distlock.FromContext(ctx)
+		for end := time.Now().Add(time.Second); time.Now().Before(end); checks++ {
+			before := time.Now()
+			mine := l.ValidUntil().Sub(before)
+			left, err := rdb.PTTL(ctx, lockKey(prefix, "job")).Result()
+			if err != nil {
+				return err
+			}
+			// Redis's lease ends left after its answer, which came by
+			// time.Now(); PTTL rounds down to the millisecond.
+			if theirs := time.Since(before) + left + time.Millisecond; mine > theirs {
+				return fmt.Errorf("valid for %v more here, %v in Redis", mine, theirs)
+			}
+		}
+		return ctx.Err()
+	})
+	require.NoError(t, err)
+	require.Positive(t, checks)
+}
+
+// On a network that stopped answering, Release returns within its bound
+// (5s), with an error, although go-redis would wait longer; Close returns
+// by its ctx's deadline.
+func TestReleaseIsBoundedOnAStuckNetwork(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	proxy := faultproxy.Start(t, rdb.Options().Addr)
+	// Read timeouts of a minute: go-redis alone would wait that long.
+	via := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	t.Cleanup(func() { via.Close() })
+	c, err := distlock.NewClient(via, distlock.Config{Prefix: prefix})
+	require.NoError(t, err)
+	ctx := t.Context()
+	l, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	_ = l.Hold(ctx)
+
+	proxy.Blackhole()
+	began := time.Now()
+	err = l.Release(ctx)
+	took := time.Since(began)
+	require.Error(t, err)
+	require.Less(t, took, 6*time.Second, "Release waited for go-redis")
+	t.Logf("Release on a stuck network returned after %v: %v", took, err)
+
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	began = time.Now()
+	require.Error(t, c.Close(short), "Close reports the call still under way")
+	require.Less(t, time.Since(began), time.Second)
+	// The stuck call ends once the connection does.
+	proxy.Heal()
+	proxy.Reset()
+	require.NoError(t, c.Close(ctx))
+}
