@@ -174,6 +174,7 @@ func ExampleQuorum() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	defer q.Close(ctx)
 	l, err := q.TryObtain(ctx, "ledger-close", 10*time.Second)
 	fmt.Println("obtained on a majority:", err == nil)
 	_, err = q.TryObtain(ctx, "ledger-close", 10*time.Second)

@@ -47,6 +47,7 @@ func TestQuorumIsAGuard(t *testing.T) {
 				Prefix: env.Prefix, TTL: 3 * time.Second, NodeTimeout: time.Second,
 			})
 			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, q.Close(context.Background())) })
 			return q
 		},
 		Exclusive: true,

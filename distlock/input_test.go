@@ -26,6 +26,10 @@ func TestNewClientRefusesBadInput(t *testing.T) {
 		"negative Recheck":        {Recheck: -time.Second},
 		"sub-millisecond Recheck": {Recheck: time.Microsecond},
 		"negative GrantLease":     {GrantLease: -time.Second},
+		// A brace would make the prefix every lock's Cluster hash tag.
+		"prefix with {":  {Prefix: "app{x}:"},
+		"prefix with }":  {Prefix: "app}:"},
+		"prefix with {{": {Prefix: "{"},
 	} {
 		_, err := distlock.NewClient(rdb, cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
@@ -41,6 +45,12 @@ func TestCallsRefuseBadInput(t *testing.T) {
 	for _, obtain := range []func(context.Context, string, time.Duration) (*distlock.Lock, error){c.TryObtain, c.Obtain} {
 		_, err := obtain(ctx, "", time.Second)
 		require.ErrorIs(t, err, contend.ErrInvalid, "empty key")
+		// A '}' would end the key's hash tag early: "}job" leaves it empty,
+		// and the lock's keys on different Cluster slots.
+		for _, key := range []string{"}job", "a}b", "}"} {
+			_, err := obtain(ctx, key, time.Second)
+			require.ErrorIs(t, err, contend.ErrInvalid, "key %q", key)
+		}
 		for _, ttl := range []time.Duration{0, -time.Second, time.Millisecond, distlock.MinTTL - 1} {
 			_, err := obtain(ctx, "job", ttl)
 			require.ErrorIs(t, err, contend.ErrInvalid, "ttl %v", ttl)
@@ -78,6 +88,7 @@ func TestNewQuorumRefusesBadInput(t *testing.T) {
 		"negative NodeTimeout":  {NodeTimeout: -time.Second},
 		"drift over half":       {DriftFactor: 0.6},
 		"negative drift":        {DriftFactor: -0.1},
+		"prefix with a brace":   {Prefix: "app{x}:"},
 	} {
 		_, err := distlock.NewQuorum([]redis.Scripter{rdb}, cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
@@ -85,6 +96,8 @@ func TestNewQuorumRefusesBadInput(t *testing.T) {
 	q, err := distlock.NewQuorum([]redis.Scripter{rdb}, distlock.QuorumConfig{})
 	require.NoError(t, err)
 	_, err = q.TryObtain(t.Context(), "", time.Second)
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	_, err = q.TryObtain(t.Context(), "}job", time.Second)
 	require.ErrorIs(t, err, contend.ErrInvalid)
 	_, err = q.Obtain(t.Context(), "job", 0)
 	require.ErrorIs(t, err, contend.ErrInvalid)

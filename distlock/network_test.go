@@ -246,3 +246,38 @@ func TestReleaseIsBoundedOnAStuckNetwork(t *testing.T) {
 	proxy.Reset()
 	require.NoError(t, c.Close(ctx))
 }
+
+// A quorum node cut off by a partition counts as failed after NodeTimeout,
+// although its default go-redis client would wait out its read timeout
+// (5s): the majority's lock is granted within the timeout.
+func TestQuorumNodeCutOffIsNotWaitedFor(t *testing.T) {
+	t.Parallel()
+	const nodeTimeout = 100 * time.Millisecond
+	rdb, prefix := testserver.Redis(t)
+	var nodes []redis.Scripter
+	var proxies []*faultproxy.Proxy
+	for db := range 3 { // three databases of one server stand in for three servers
+		proxy := faultproxy.Start(t, rdb.Options().Addr)
+		node := redis.NewClient(&redis.Options{Addr: proxy.Addr(), DB: db})
+		t.Cleanup(func() { node.Close() })
+		nodes, proxies = append(nodes, node), append(proxies, proxy)
+	}
+	q, err := distlock.NewQuorum(nodes, distlock.QuorumConfig{Prefix: prefix, NodeTimeout: nodeTimeout})
+	require.NoError(t, err)
+	ctx := t.Context()
+	l, err := q.TryObtain(ctx, "warm", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+
+	proxies[0].Blackhole()
+	began := time.Now()
+	l, err = q.TryObtain(ctx, "job", time.Minute)
+	took := time.Since(began)
+	require.NoError(t, err, "two of three nodes grant the lock")
+	require.Less(t, took, time.Second, "the attempt waited for the cut-off node")
+	t.Logf("an attempt with a node cut off returned after %v (NodeTimeout %v)", took, nodeTimeout)
+	proxies[0].Heal()
+	proxies[0].Reset()
+	require.NoError(t, l.Release(ctx))
+	require.NoError(t, q.Close(ctx))
+}

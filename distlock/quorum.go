@@ -12,6 +12,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
 )
 
@@ -34,10 +35,7 @@ type QuorumConfig struct {
 	// MaxWait bounds every wait when ctx allows longer. Default: 30s.
 	MaxWait time.Duration
 	// NodeTimeout bounds each node's answer: a node that answers later
-	// counts as failed, so a slow node cannot eat the lease. For it to also
-	// bound the wait, the node clients must honour ctx deadlines (go-redis:
-	// Options.ContextTimeoutEnabled); otherwise their own read timeout does.
-	// Default: 50ms.
+	// counts as failed, so a slow node cannot eat the lease. Default: 50ms.
 	NodeTimeout time.Duration
 	// DriftFactor is the share of the TTL allowed for the nodes' clocks
 	// running at different rates; 2ms are added to it. The validity of a
@@ -80,11 +78,12 @@ const (
 // from nodes that did not answer in time, so that a partial grant does not
 // block the key until it expires. Waits poll with jittered backoff.
 //
-// A Quorum owns no goroutine beyond a call and needs no Close; it never
-// closes the node clients. It is safe for simultaneous use by multiple
-// goroutines.
+// Every call returns within NodeTimeout of each node, whatever the network
+// does; [Quorum.Close] waits for the node calls that did not answer in time.
+// A Quorum never closes the node clients. It is safe for simultaneous use
+// by multiple goroutines.
 type Quorum struct {
-	nodes  []redis.Scripter
+	nodes  []*scriptbatch.Sender
 	cfg    QuorumConfig
 	quorum int
 	holds  keepalive.Timers
@@ -138,7 +137,11 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
 		cfg.Backoff.MaxDelay = 100 * time.Millisecond
 	}
-	return &Quorum{nodes: slices.Clone(nodes), cfg: cfg, quorum: len(nodes)/2 + 1}, nil
+	senders := make([]*scriptbatch.Sender, len(nodes))
+	for i, n := range nodes {
+		senders[i] = scriptbatch.New(n, 0)
+	}
+	return &Quorum{nodes: senders, cfg: cfg, quorum: len(nodes)/2 + 1}, nil
 }
 
 // TryObtain makes one attempt to lock key for ttl on a majority of the
@@ -169,6 +172,19 @@ func (q *Quorum) Do(ctx context.Context, key string, fn func(ctx context.Context
 		return err
 	}
 	return run(ctx, l, fn)
+}
+
+// Close waits, until ctx ends, for the node calls that did not answer
+// within NodeTimeout to end. The Quorum can still release its locks after.
+func (q *Quorum) Close(ctx context.Context) error {
+	var errs []error
+	for _, n := range q.nodes {
+		errs = append(errs, n.Close(ctx))
+	}
+	if err := errors.Join(append(errs, q.holds.Wait(ctx))...); err != nil {
+		return fmt.Errorf("distlock: close quorum: %w", err)
+	}
+	return nil
 }
 
 func (q *Quorum) observe(e Event) {
@@ -222,8 +238,8 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 	keys := []string{q.cfg.Prefix + "{" + key + "}"}
 	tok := token.New()
 	began := time.Now()
-	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := quorumLockScript.Run(ctx, n, keys, takeArgs{token: tok, ttl: ttl}.argv()...).Int64()
+	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+		v, err := n.Run(ctx, quorumLockScript, keys, takeArgs{token: tok, ttl: ttl}.argv()...).Int64()
 		return v == 1, err
 	})
 	valid := began.Add(ttl - q.margin(ttl))
@@ -250,8 +266,10 @@ type nodeResult struct {
 }
 
 // each runs op on every node at once, each bounded by NodeTimeout, and
-// waits for all: no goroutine outlives the call.
-func (q *Quorum) each(ctx context.Context, op func(ctx context.Context, n redis.Scripter) (bool, error)) []nodeResult {
+// waits for all. A node's call that its client does not end by the timeout
+// (go-redis ignores ctx deadlines by default) is left to finish on the
+// node's Sender, which Close waits for.
+func (q *Quorum) each(ctx context.Context, op func(ctx context.Context, n *scriptbatch.Sender) (bool, error)) []nodeResult {
 	res := make([]nodeResult, len(q.nodes))
 	var wg sync.WaitGroup
 	for i, n := range q.nodes {
@@ -302,8 +320,8 @@ func driftMargin(ttl time.Duration, factor float64) time.Duration {
 
 func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
 	began := time.Now()
-	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := quorumRefreshScript.Run(ctx, n, l.keys, refreshArgs{token: l.token, ttl: ttl}.argv()...).Int64()
+	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+		v, err := n.Run(ctx, quorumRefreshScript, l.keys, refreshArgs{token: l.token, ttl: ttl}.argv()...).Int64()
 		return v == 1, err
 	})
 	ok, no, errs := tally(res)
@@ -317,8 +335,8 @@ func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 }
 
 func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
-	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := quorumUnlockScript.Run(ctx, n, l.keys, l.token).Int64()
+	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+		v, err := n.Run(ctx, quorumUnlockScript, l.keys, l.token).Int64()
 		return v == 1, err
 	})
 	ok, no, errs := tally(res)
@@ -336,8 +354,8 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 		mu   sync.Mutex // protects left
 		left []time.Duration
 	)
-	res := q.each(ctx, func(ctx context.Context, n redis.Scripter) (bool, error) {
-		v, err := quorumPTTLScript.Run(ctx, n, l.keys, l.token).Int64()
+	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+		v, err := n.Run(ctx, quorumPTTLScript, l.keys, l.token).Int64()
 		if err != nil || v == -3 {
 			return false, err
 		}

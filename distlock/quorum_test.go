@@ -47,6 +47,7 @@ func newQuorum(t testing.TB, nodes []redis.Scripter) *distlock.Quorum {
 	// long enough for a loaded machine's answers.
 	q, err := distlock.NewQuorum(nodes, distlock.QuorumConfig{NodeTimeout: time.Second})
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close(context.Background())) })
 	return q
 }
 
@@ -139,6 +140,7 @@ func TestQuorumHolderLearnsItLostTheMajority(t *testing.T) {
 	servers, _, asNodes := nodes(t, 3)
 	q, err := distlock.NewQuorum(asNodes, distlock.QuorumConfig{TTL: 600 * time.Millisecond, NodeTimeout: time.Second})
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close(context.Background())) })
 	var cause error
 	err = q.Do(t.Context(), "job", func(ctx context.Context) error {
 		// Two of three nodes forget the lock.

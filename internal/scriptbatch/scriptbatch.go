@@ -25,6 +25,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 
@@ -36,7 +37,7 @@ import (
 var ErrAbandoned = errors.New("scriptbatch: gave up waiting for the reply")
 
 // Client is what a Sender needs of go-redis; [redis.UniversalClient]
-// satisfies it.
+// satisfies it. Without it, calls are never batched.
 type Client interface {
 	redis.Scripter
 	Pipeline() redis.Pipeliner
@@ -78,7 +79,7 @@ func HonoursDeadlines(rdb any) bool {
 // grown by the Redis client's calls, serve the next; [Sender.Close] ends
 // them.
 type Sender struct {
-	rdb    Client
+	rdb    redis.Scripter
 	limit  int
 	inline bool          // rdb honours ctx deadlines: send on the caller's goroutine
 	work   chan []*call  // hands a batch to a waiting goroutine
@@ -94,8 +95,12 @@ type Sender struct {
 }
 
 // New returns a Sender that sends to rdb with at most limit sends under
-// way at once.
-func New(rdb Client, limit int) *Sender {
+// way at once. An rdb that is not a [Client] has no pipelines: its calls
+// are never held back for a batch.
+func New(rdb redis.Scripter, limit int) *Sender {
+	if _, ok := rdb.(Client); !ok {
+		limit = math.MaxInt
+	}
 	return &Sender{
 		rdb: rdb, limit: max(limit, 1), inline: HonoursDeadlines(rdb),
 		work: make(chan []*call), quit: make(chan struct{}),
@@ -251,7 +256,7 @@ func (s *Sender) send(batch []*call) {
 		return
 	}
 	ctx := context.WithoutCancel(batch[0].ctx)
-	pipe := s.rdb.Pipeline()
+	pipe := s.rdb.(Client).Pipeline()
 	for _, cl := range batch {
 		cl.cmd = cl.script.EvalSha(ctx, pipe, cl.keys, cl.args...)
 	}
