@@ -2,7 +2,6 @@ package distlock_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -124,112 +123,23 @@ func handOver(ctx context.Context, t testing.TB, holder *distlock.Lock, w <-chan
 	return got.l
 }
 
-// faulty wraps a Redis client to inject faults: freeze stops every script
-// call from reaching Redis (a stalled process, a partition) until thaw, and
-// a non-empty deaf makes the client subscribe to a channel nobody publishes
-// on, so that its grants are lost.
+// faulty wraps a Redis client to lose the messages that releases publish
+// for its waiters: it subscribes to deaf, a channel nobody publishes on.
+// The subscription looks healthy, as one whose messages a proxy dropped
+// would, but no proxy can drop one message of a connection and not the
+// next.
 type faulty struct {
 	redis.UniversalClient
 	deaf string
-
-	mu   sync.Mutex    // protects gate
-	gate chan struct{} // non-nil while frozen; closed by thaw
-}
-
-func (f *faulty) freeze() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.gate == nil {
-		f.gate = make(chan struct{})
-	}
-}
-
-func (f *faulty) thaw() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.gate != nil {
-		close(f.gate)
-		f.gate = nil
-	}
-}
-
-// pass blocks while the client is frozen, until thawed or ctx ends, or its
-// deadline passes as a socket deadline would (a clean-up call's ctx has a
-// deadline and no Done).
-func (f *faulty) pass(ctx context.Context) error {
-	f.mu.Lock()
-	gate := f.gate
-	f.mu.Unlock()
-	if gate == nil {
-		return nil
-	}
-	var timeout <-chan time.Time
-	if deadline, ok := ctx.Deadline(); ok {
-		t := time.NewTimer(time.Until(deadline))
-		defer t.Stop()
-		timeout = t.C
-	}
-	select {
-	case <-gate:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timeout:
-		return context.DeadlineExceeded
-	}
-}
-
-func failed(ctx context.Context, err error) *redis.Cmd {
-	cmd := redis.NewCmd(ctx)
-	cmd.SetErr(err)
-	return cmd
-}
-
-func (f *faulty) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
-	if err := f.pass(ctx); err != nil {
-		return failed(ctx, err)
-	}
-	return f.UniversalClient.Eval(ctx, script, keys, args...)
-}
-
-func (f *faulty) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
-	if err := f.pass(ctx); err != nil {
-		return failed(ctx, err)
-	}
-	return f.UniversalClient.EvalSha(ctx, sha, keys, args...)
-}
-
-// Pipeline returns a pipeline whose Exec is held up like a script call.
-func (f *faulty) Pipeline() redis.Pipeliner {
-	return &hookedPipe{f.UniversalClient.Pipeline(), func(ctx context.Context, _ redis.Pipeliner) error {
-		return f.pass(ctx)
-	}}
-}
-
-// hookedPipe runs before ahead of every Exec, and fails the Exec with its
-// error: how a test client sees, or holds up, the batches a Client sends.
-type hookedPipe struct {
-	redis.Pipeliner
-	before func(ctx context.Context, p redis.Pipeliner) error
-}
-
-func (p *hookedPipe) Exec(ctx context.Context) ([]redis.Cmder, error) {
-	if err := p.before(ctx, p.Pipeliner); err != nil {
-		return nil, err
-	}
-	return p.Pipeliner.Exec(ctx)
 }
 
 func (f *faulty) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
-	if f.deaf != "" {
-		return f.UniversalClient.Subscribe(ctx, f.deaf)
-	}
-	return f.UniversalClient.Subscribe(ctx, channels...)
+	return f.UniversalClient.Subscribe(ctx, f.deaf)
 }
 
 // noSubscribe subscribes to a server that is not there, so the client's
 // subscription never comes up.
-type noSubscribe struct{ *faulty }
+type noSubscribe struct{ redis.UniversalClient }
 
 func (n *noSubscribe) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialerRetries: 1})

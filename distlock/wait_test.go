@@ -218,10 +218,9 @@ func TestDeferredWaiterLeavesTheLine(t *testing.T) {
 func TestObtainCutShortBeforeWaiting(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testserver.Redis(t)
-	slow := &faulty{UniversalClient: rdb}
-	c := newClient(t, slow, distlock.Config{Prefix: prefix})
-	slow.freeze() // the first attempt does not come back before the deadline
-	defer slow.thaw()
+	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix})
+	proxy.Blackhole() // the first attempt does not come back before the deadline
+	defer func() { proxy.Heal(); proxy.Reset() }()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 	defer cancel()
 	_, err := c.Obtain(ctx, "job", time.Minute)
@@ -298,8 +297,7 @@ func TestLostGrantIsFoundByTheRecheck(t *testing.T) {
 func TestWaitsWithoutASubscription(t *testing.T) {
 	t.Parallel()
 	c, rdb, prefix := setup(t, distlock.Config{})
-	broken := &faulty{UniversalClient: rdb}
-	polling := newClient(t, &noSubscribe{broken}, distlock.Config{Prefix: prefix, Recheck: 100 * time.Millisecond})
+	polling := newClient(t, &noSubscribe{rdb}, distlock.Config{Prefix: prefix, Recheck: 100 * time.Millisecond})
 	ctx := t.Context()
 	holder, err := c.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
@@ -314,8 +312,7 @@ func TestGrantToADeadWaiterLapses(t *testing.T) {
 	t.Parallel()
 	const grantLease = 200 * time.Millisecond
 	c, rdb, prefix := setup(t, distlock.Config{Recheck: 50 * time.Millisecond})
-	dead := &faulty{UniversalClient: rdb, deaf: prefix + "nowhere"}
-	ghost := newClient(t, dead, distlock.Config{Prefix: prefix, Recheck: time.Minute, GrantLease: grantLease})
+	ghost, dead := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, Recheck: time.Minute, GrantLease: grantLease})
 	other := newClient(t, rdb, distlock.Config{Prefix: prefix})
 	ctx := t.Context()
 	holder, err := other.TryObtain(ctx, "job", time.Minute)
@@ -323,7 +320,7 @@ func TestGrantToADeadWaiterLapses(t *testing.T) {
 	ghostCtx, cancelGhost := context.WithCancel(ctx)
 	gw := obtainAsync(ghostCtx, ghost, "job", time.Hour)
 	waitQueued(t, rdb, prefix, "job", 1)
-	dead.freeze() // the ghost's process stops: it will never accept
+	dead.Blackhole() // the ghost's process is cut off: it will never accept
 	w := obtainAsync(ctx, c, "job", time.Minute)
 	waitQueued(t, rdb, prefix, "job", 2)
 
@@ -335,7 +332,8 @@ func TestGrantToADeadWaiterLapses(t *testing.T) {
 	require.NoError(t, got.l.Release(ctx))
 
 	cancelGhost()
-	dead.thaw()
+	dead.Heal()
+	dead.Reset()
 	require.ErrorIs(t, receive(t, gw, 5*time.Second).err, context.Canceled)
 }
 
