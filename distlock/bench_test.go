@@ -32,6 +32,13 @@ import (
 //     SET NX PX, INCR of the fencing counter and PEXPIRE of it, with nothing
 //     else: the part of distlock's ratio that the fencing script costs on
 //     that machine, and no library can win back.
+//     Beside script, bounded is the same with the release's deadline kept
+//     as any lock must keep it on a go-redis client that ignores ctx
+//     deadlines (the default): the call runs on a goroutine of its own
+//     while the caller waits for it or for the deadline, whichever comes
+//     first. It is the floor of distlock on such a client; ctxtimeout is
+//     distlock on a client built with ContextTimeoutEnabled, whose calls
+//     stay on the caller's goroutine.
 //     And do is Client.Do around nothing: the managed hold's watchdog on top
 //     of distlock's obtain and release.
 //   - hotkey: every worker locks the same key; raw is the loop of the
@@ -98,6 +105,45 @@ func scriptLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
 		waited := time.Since(began)
 		return waited, rawRelease.Run(ctx, rdb, []string{key}, tok).Err()
 	}
+}
+
+// boundedLocker is scriptLocker with its release bounded by a timer: the
+// release runs on a goroutine, and the caller returns when it is done or
+// when the deadline passes.
+func boundedLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
+	return func(ctx context.Context, key string) (time.Duration, error) {
+		key = prefix + "{" + key + "}"
+		tok := token.New()
+		began := time.Now()
+		fence, err := fencedTake.Run(ctx, rdb, []string{key, key + ":fence"}, tok, benchTTL.Milliseconds()).Int64()
+		if err != nil {
+			return 0, err
+		}
+		if fence == 0 {
+			return 0, fmt.Errorf("%s is held", key)
+		}
+		waited := time.Since(began)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- rawRelease.Run(rctx, rdb, []string{key}, tok).Err() }()
+		select {
+		case err = <-done:
+		case <-rctx.Done():
+			err = rctx.Err()
+		}
+		return waited, err
+	}
+}
+
+// ctxTimeoutLocker is distlockLocker on a client that honours ctx
+// deadlines.
+func ctxTimeoutLocker(b *testing.B, rdb *redis.Client, prefix string) locker {
+	opts := *rdb.Options()
+	opts.ContextTimeoutEnabled = true
+	honouring := redis.NewClient(&opts)
+	b.Cleanup(func() { honouring.Close() })
+	return distlockLocker(b, honouring, prefix)
 }
 
 // fencedPass hands the lock from the holder's token (or from nobody) to the
@@ -175,7 +221,9 @@ func BenchmarkObtainRelease(b *testing.B) {
 	}{
 		{"raw", rawLocker, rawLocker},
 		{"script", scriptLocker, handOverLocker},
+		{"bounded", boundedLocker, nil},
 		{"distlock", distlockLocker, distlockLocker},
+		{"ctxtimeout", ctxTimeoutLocker, nil},
 		{"do", doLocker, nil},
 	}
 	workloads := []struct {

@@ -372,6 +372,7 @@ func (q *holdQueue) Pop() any {
 	return h
 }
 
+// later returns the later of a and b.
 func later(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a

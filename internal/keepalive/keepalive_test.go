@@ -365,6 +365,6 @@ func TestHoldStartedLateIsRefreshedAtOnce(t *testing.T) {
 	const ttl = 90 * time.Millisecond
 	refresh, enough := refreshed(3)
 	h := timers.Start(t.Context(), time.Now().Add(-2*ttl/3), ttl, refresh)
-	<-enough
+	awaitRefreshes(t, h, enough, "not refreshed")
 	require.NoError(t, h.Stop(), "lost before its first refresh")
 }
