@@ -18,7 +18,7 @@ import (
 	"github.com/contend/contend/internal/testserver"
 )
 
-// bots is the first seed's table: a bot may run one engine at a time.
+// bots is the bot table of the "start bot" story: a bot may run one engine at a time.
 func bots(t testing.TB, db *sqlx.DB, ids ...string) {
 	t.Helper()
 	_, err := db.Exec(`CREATE TABLE bots (id text PRIMARY KEY, engine_id text, lease_until timestamptz)`)
@@ -109,7 +109,7 @@ func TestClaimRelease(t *testing.T) {
 	}
 }
 
-// The seed's rule: a late release must not clear a newer claim.
+// The rule: a late release must not clear a newer claim.
 func TestStaleReleaseKeepsNewerClaim(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")

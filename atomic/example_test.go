@@ -33,7 +33,7 @@ func ExampleUpdate() {
 	// sold: false
 }
 
-// The first seed's fix: the engine id is made first, claimed into the bot's
+// A bot starts once: the engine id is made first, claimed into the bot's
 // row only where it is empty, and handed to the engine.
 func ExampleClaimer_Claim() {
 	db, done := workload.Scratch(`CREATE TABLE bots (id text PRIMARY KEY, engine_id text);

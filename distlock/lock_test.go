@@ -104,7 +104,7 @@ func TestKeysShareAHashTag(t *testing.T) {
 	require.NoError(t, handOver(ctx, t, holder, waiter).Release(ctx))
 }
 
-// The second seed's rule: the release of a lock whose lease ran out must not
+// The compare-and-delete rule: the release of a lock whose lease ran out must not
 // delete the lock of whoever holds the key now.
 func TestStaleReleaseKeepsTheNewHolder(t *testing.T) {
 	t.Parallel()

@@ -84,7 +84,7 @@ func products(t testing.TB, db *sqlx.DB, stock int64, ids ...string) {
 	require.NoError(t, err)
 }
 
-// The chapter's workload, in one process and without a lock: stock 1000, 64
+// The oversell workload, in one process and without a lock: stock 1000, 64
 // buyers buying 20 times each through the queue. Exactly 1000 are sold, the
 // stock ends at 0 and never went below (the CHECK), every buyer gets an
 // answer, and the batch handler needed far fewer statements than buys.

@@ -2,9 +2,9 @@
 // workloads under every strategy, in one run, with the numbers and a chart
 // that say which strategy to pick.
 //
-// The workloads are the chapter's "decrement stock if available" (a products
+// The workloads are "decrement stock if available" (a products
 // table; every sale must show in the stock: nothing oversold, no lost update)
-// and the first seed's "claim a job once" (a jobs table; exactly one caller
+// and "claim a job once" (a jobs table; exactly one caller
 // may claim each job). Each runs on one hot key and on keys spread at random,
 // from 1, 8 and 64 goroutines, and optionally from several processes at once,
 // under each strategy through its natural API:

@@ -26,8 +26,7 @@ import (
 // redsync are peers of distlock; naive is the negative control.
 var allStrategies = []string{"raw", "atomic", "pessimistic", "optimistic", "distlock", "poll", "redislock", "redsync", "queue", "naive"}
 
-// The workloads: the chapter's "decrement stock if available" and the first
-// seed's "claim a job once".
+// The workloads: "decrement stock if available" and "claim a job once".
 var allWorkloads = []string{"decrement", "claim"}
 
 // Lost races, as the harness counts them: it matches contend.ErrConflict.

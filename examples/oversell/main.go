@@ -1,4 +1,4 @@
-// Command oversell is the chapter's picture, live: several server processes
+// Command oversell shows overselling, live: several server processes
 // sell the last items of one product at once.
 //
 // First the naive way — read the stock, check it, write it back — with a

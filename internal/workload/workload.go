@@ -1,6 +1,6 @@
 // Package workload holds what every strategy's tests, examples and benchmarks
-// run against: the chapter's products table and the two key choices, one hot
-// key or many spread keys.
+// run against: the products table of the oversell story and the two key
+// choices, one hot key or many spread keys.
 package workload
 
 import (
@@ -125,7 +125,7 @@ func Parallel(b *testing.B, workers int, op func(ctx context.Context) error) {
 // ErrSoldOut is a sale's lost race: nothing left.
 var ErrSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
 
-// Sell is the chapter's read-check-write, through whatever transaction a
+// Sell is the naive read-check-write, through whatever transaction a
 // guard hands it (or db): read the stock, refuse when none is left, write back
 // what was read minus one. Unguarded, two callers read the same stock and one
 // sale is lost; it is correct only under a guard.

@@ -173,7 +173,7 @@ func TestRedeliversPendingInOrder(t *testing.T) {
 	}, 10*time.Second, 10*time.Millisecond)
 }
 
-// The chapter's workload across instances: three consumers with a batch
+// The oversell workload across instances: three consumers with a batch
 // handler sell stock 1000 to 64 buyers; exactly 1000 sold, every buyer
 // answered. Stock lives in Redis here (the SQL version is in package queue):
 // the handler reads and writes it without any lock, because only one

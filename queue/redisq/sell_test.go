@@ -99,7 +99,7 @@ func sellOnce(db *sqlx.DB) queue.BatchHandler {
 	}
 }
 
-// The chapter's sale across three OS processes, each running an instance
+// The oversell story's sale across three OS processes, each running an instance
 // and 64 buyers: stock 1000 of one product in PostgreSQL, 8 buys per buyer
 // (1536 in all), sold through Submit and a batch handler. Exactly 1000 are
 // sold, the stock never goes below zero (a CHECK refuses it on every
