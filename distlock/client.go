@@ -331,46 +331,24 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 	// must clean up, even though ctx may have ended: that may be why.
 	queued := false
 	defer func() {
-		if l != nil {
-			return
-		}
-		if deferred && c.leaveLine(key, w) {
-			queued = true
-		}
-		if queued {
-			c.leave(ctx, key, keys, tok)
-		} else {
-			// A head that never reached Redis: the waiters behind it must
-			// not wait for it.
-			c.dropHead(key, tok)
+		if l == nil {
+			c.stopWaiting(ctx, key, keys, w, deferred, queued)
 		}
 	}()
 	s := c.subscriber()
-	// A message published before the subscription is confirmed would be
-	// lost: the first waiters of a client wait for it, briefly. While the
-	// subscription is down, waiters check on their own.
-	if !s.healthy.Load() {
-		t := time.NewTimer(c.cfg.Recheck)
-		select {
-		case <-s.settled:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
-	}
+	c.awaitSubscription(ctx, s)
 	giveUpBy := began.Add(c.cfg.MaxWait)
-	var giveUp error
 	for attempts := 0; ; {
-		if giveUp = ctxErr(ctx); giveUp != nil {
-			break
-		}
 		if !deferred {
+			if cause := ctxErr(ctx); cause != nil {
+				return nil, c.gaveUp(key, began, cause)
+			}
 			queued = true
 			attempts++
 			l, err := c.attempt(ctx, key, keys, tok, ttl, true)
 			if err != nil {
-				if giveUp = ctxErr(ctx); giveUp != nil {
-					break
+				if cause := ctxErr(ctx); cause != nil {
+					return nil, c.gaveUp(key, began, cause)
 				}
 				return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 			}
@@ -379,59 +357,97 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 					c.clearBusy(key)
 				}
 				c.setHolder(key, tok, l.ValidUntil())
-				c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
-				return l, nil
+				return c.obtained(l, began), nil
 			}
 			c.setQueued(key, tok)
 		}
-		// Queued (or deferred): wait to be woken, or check again after a
-		// while in case the message was lost or the holder died. The jitter
-		// keeps many waiters' checks from arriving together.
-		delay := c.cfg.Recheck*4/5 + rand.N(c.cfg.Recheck*2/5+1)
-		if !s.healthy.Load() {
-			delay = max(c.cfg.Backoff.Delay(attempts), time.Millisecond)
-		}
-		t := time.NewTimer(min(delay, time.Until(giveUpBy)))
-		var g grant
-		select {
-		case g = <-w.wake:
-		case <-t.C:
-			if !time.Now().Before(giveUpBy) {
-				giveUp = errMaxWait
-			}
-		case <-ctx.Done():
-			giveUp = ctxErr(ctx)
-		case <-c.closing:
-			giveUp = ErrClosed
-		}
-		t.Stop()
-		if giveUp != nil {
-			break
-		}
-		if g.fence > 0 {
-			// Handed over by a release of this client, which began at g.at:
-			// the lock is this waiter's for its TTL from then, and recorded
-			// as held here already.
-			l := newLock(c, key, keys, tok, g.fence, ttl, c.validity(g.at, ttl))
-			c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence, Waited: time.Since(began)})
-			return l, nil
-		}
-		if deferred {
+		g, cause := c.sleep(ctx, s, w, attempts, giveUpBy)
+		switch {
+		case cause != nil:
+			return nil, c.gaveUp(key, began, cause)
+		case g.fence > 0: // handed over by a release here, already recorded
+			return c.obtained(newLock(c, key, keys, tok, g.fence, ttl, c.validity(g.at, ttl)), began), nil
+		case deferred:
 			stay, sent := c.rejoin(key, w)
-			if stay {
-				continue
-			}
-			// From now on, a waiter like any other: its next attempt
-			// queues it, if a release has not.
-			deferred, queued = false, sent
+			// Unless it stays, from now on a waiter like any other: its
+			// next attempt queues it, if a release has not.
+			deferred, queued = stay, sent
 		}
 	}
-	c.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: giveUp})
-	if errors.Is(giveUp, ErrClosed) {
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, giveUp)
+}
+
+// stopWaiting cleans up after w's wait for key ended without the lock. A
+// waiter that may be in Redis's queue, or hold the lock there, leaves it;
+// a head that never reached Redis lets the waiters behind it go, so that
+// they do not wait for it.
+func (c *Client) stopWaiting(ctx context.Context, key string, keys []string, w *waiter, deferred, queued bool) {
+	if deferred && c.leaveLine(key, w) {
+		queued = true
 	}
-	return nil, fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, giveUp)
+	if queued {
+		c.leave(ctx, key, keys, w.tok)
+	} else {
+		c.dropHead(key, w.tok)
+	}
+}
+
+// obtained reports l, obtained by a wait that began at began.
+func (c *Client) obtained(l *Lock, began time.Time) *Lock {
+	c.observe(Event{Kind: EventObtained, Key: l.key, Fence: l.fence, Waited: time.Since(began)})
+	return l
+}
+
+// awaitSubscription holds the first waiters of a client briefly until its
+// subscription is confirmed: a message published before would be lost.
+// While the subscription is down, waiters check on their own.
+func (c *Client) awaitSubscription(ctx context.Context, s *subscriber) {
+	if s.healthy.Load() {
+		return
+	}
+	t := time.NewTimer(c.cfg.Recheck)
+	defer t.Stop()
+	select {
+	case <-s.settled:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// sleep waits until w is woken, or until it is time to check the lock
+// again in case the message was lost or the holder died (with jitter, so
+// that many waiters' checks do not arrive together), and returns the
+// grant, if any. It returns why the wait must end instead, if it must: ctx
+// ended, MaxWait passed, or the client closed.
+func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts int, giveUpBy time.Time) (grant, error) {
+	delay := c.cfg.Recheck*4/5 + rand.N(c.cfg.Recheck*2/5+1)
+	if !s.healthy.Load() {
+		delay = max(c.cfg.Backoff.Delay(attempts), time.Millisecond)
+	}
+	t := time.NewTimer(min(delay, time.Until(giveUpBy)))
+	defer t.Stop()
+	select {
+	case g := <-w.wake:
+		return g, nil
+	case <-t.C:
+		if !time.Now().Before(giveUpBy) {
+			return grant{}, errMaxWait
+		}
+		return grant{}, nil
+	case <-ctx.Done():
+		return grant{}, ctxErr(ctx)
+	case <-c.closing:
+		return grant{}, ErrClosed
+	}
+}
+
+// gaveUp reports a wait for key that began at began and ended for cause.
+func (c *Client) gaveUp(key string, began time.Time, cause error) error {
+	c.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: cause})
+	if errors.Is(cause, ErrClosed) {
+		return fmt.Errorf("distlock: obtain %q: %w", key, cause)
+	}
+	return fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
+		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
 }
 
 // leave removes tok from key's queue and releases the lock if tok holds it

@@ -148,19 +148,7 @@ func (c *Client) listen(s *subscriber) {
 	if !c.subscribe(s) {
 		return
 	}
-	var (
-		subscribed bool // once: later confirmations are resubscriptions
-		settled    bool // s.settled is closed
-		pinged     bool // a ping is waiting for its answer
-		failures   int
-	)
-	settle := func() {
-		if !settled {
-			settled = true
-			close(s.settled)
-		}
-	}
-	retry := contend.Retry{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
+	var st listenState
 	for {
 		msg, err := s.ps.ReceiveTimeout(context.Background(), healthInterval)
 		select {
@@ -168,56 +156,81 @@ func (c *Client) listen(s *subscriber) {
 			return
 		default:
 		}
-		if err != nil {
-			if isTimeout(err) && !pinged {
-				// Silence is normal; a ping tells it from a dead connection.
-				pinged = s.ps.Ping(context.Background()) == nil
-				if pinged {
-					continue
-				}
-			}
-			// The connection is gone (Redis restarted, a network failure)
-			// or does not answer: grants published meanwhile are lost, so
-			// waiters check on their own until a new subscription is
-			// confirmed.
-			s.healthy.Store(false)
-			settle()
-			pinged = false
-			failures++
-			t := time.NewTimer(retry.Delay(failures))
-			select {
-			case <-s.stop:
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			c.mu.Lock()
-			old := s.ps
-			c.mu.Unlock()
-			_ = old.Close()
-			if !c.subscribe(s) {
-				return
-			}
+		if err == nil {
+			st.pinged = false
+			c.received(s, &st, msg)
 			continue
 		}
-		pinged = false
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Kind != "subscribe" {
+		if isTimeout(err) && !st.pinged {
+			// Silence is normal; a ping tells it from a dead connection.
+			if st.pinged = s.ps.Ping(context.Background()) == nil; st.pinged {
 				continue
 			}
-			failures = 0
-			s.healthy.Store(true)
-			settle()
-			if !subscribed {
-				subscribed = true
-			} else {
-				c.wakeAll()
-			}
-		case *redis.Message:
-			c.wakePublished(m.Payload)
+		}
+		if !c.resubscribe(s, &st) {
+			return
 		}
 	}
+}
+
+// listenState is what listen keeps between messages.
+type listenState struct {
+	subscribed bool // once: later confirmations are resubscriptions
+	settled    bool // s.settled is closed
+	pinged     bool // a ping is waiting for its answer
+	failures   int  // subscriptions failed in a row
+}
+
+func (st *listenState) settle(s *subscriber) {
+	if !st.settled {
+		st.settled = true
+		close(s.settled)
+	}
+}
+
+// received handles a message of the subscription: a confirmation, after
+// which a resubscription wakes every waiter to check (messages published
+// while it was down are lost), or a release's message for a waiter.
+func (c *Client) received(s *subscriber, st *listenState, msg any) {
+	switch m := msg.(type) {
+	case *redis.Subscription:
+		if m.Kind != "subscribe" {
+			return
+		}
+		st.failures = 0
+		s.healthy.Store(true)
+		st.settle(s)
+		if st.subscribed {
+			c.wakeAll()
+		}
+		st.subscribed = true
+	case *redis.Message:
+		c.wakePublished(m.Payload)
+	}
+}
+
+// resubscribe replaces a subscription whose connection is gone (Redis
+// restarted, a network failure) or does not answer, after a backoff:
+// meanwhile waiters check on their own. It reports false when the client
+// is closing.
+func (c *Client) resubscribe(s *subscriber, st *listenState) bool {
+	s.healthy.Store(false)
+	st.settle(s)
+	st.pinged = false
+	st.failures++
+	retry := contend.Retry{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
+	t := time.NewTimer(retry.Delay(st.failures))
+	defer t.Stop()
+	select {
+	case <-s.stop:
+		return false
+	case <-t.C:
+	}
+	c.mu.Lock()
+	old := s.ps
+	c.mu.Unlock()
+	_ = old.Close()
+	return c.subscribe(s)
 }
 
 func isTimeout(err error) bool {
