@@ -91,26 +91,31 @@ redis.call('PEXPIRE', KEYS[2], 86400000)
 return f`)
 
 func scriptLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
-	return func(ctx context.Context, key string) (time.Duration, error) {
-		key = prefix + "{" + key + "}"
-		tok := token.New()
-		began := time.Now()
-		fence, err := fencedTake.Run(ctx, rdb, []string{key, key + ":fence"}, tok, benchTTL.Milliseconds()).Int64()
-		if err != nil {
-			return 0, err
-		}
-		if fence == 0 {
-			return 0, fmt.Errorf("%s is held", key)
-		}
-		waited := time.Since(began)
-		return waited, rawRelease.Run(ctx, rdb, []string{key}, tok).Err()
-	}
+	return fencedLocker(rdb, prefix, func(ctx context.Context, key, tok string) error {
+		return rawRelease.Run(ctx, rdb, []string{key}, tok).Err()
+	})
 }
 
 // boundedLocker is scriptLocker with its release bounded by a timer: the
 // release runs on a goroutine, and the caller returns when it is done or
 // when the deadline passes.
 func boundedLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
+	return fencedLocker(rdb, prefix, func(ctx context.Context, key, tok string) error {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		done := make(chan error, 1)
+		go func() { done <- rawRelease.Run(rctx, rdb, []string{key}, tok).Err() }()
+		select {
+		case err := <-done:
+			return err
+		case <-rctx.Done():
+			return rctx.Err()
+		}
+	})
+}
+
+// fencedLocker obtains by fencedTake and lets go with release.
+func fencedLocker(rdb *redis.Client, prefix string, release func(ctx context.Context, key, tok string) error) locker {
 	return func(ctx context.Context, key string) (time.Duration, error) {
 		key = prefix + "{" + key + "}"
 		tok := token.New()
@@ -123,16 +128,7 @@ func boundedLocker(_ *testing.B, rdb *redis.Client, prefix string) locker {
 			return 0, fmt.Errorf("%s is held", key)
 		}
 		waited := time.Since(began)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		done := make(chan error, 1)
-		go func() { done <- rawRelease.Run(rctx, rdb, []string{key}, tok).Err() }()
-		select {
-		case err = <-done:
-		case <-rctx.Done():
-			err = rctx.Err()
-		}
-		return waited, err
+		return waited, release(ctx, key, tok)
 	}
 }
 

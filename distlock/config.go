@@ -132,27 +132,11 @@ var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.Deadl
 var ErrClosed = errors.New("distlock: client closed")
 
 func (cfg Config) withDefaults() (Config, error) {
-	for name, d := range map[string]time.Duration{
-		"TTL": cfg.TTL, "MaxWait": cfg.MaxWait, "Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease,
-	} {
-		if d < 0 {
-			return cfg, fmt.Errorf("distlock: Config.%s %v is negative: %w", name, d, contend.ErrInvalid)
-		}
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultPrefix
-	}
-	if err := checkPrefix("Config.Prefix", cfg.Prefix); err != nil {
+	err := common("Config", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, map[string]time.Duration{
+		"Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease,
+	})
+	if err != nil {
 		return cfg, err
-	}
-	if cfg.TTL == 0 {
-		cfg.TTL = DefaultTTL
-	}
-	if err := checkTTL("Config.TTL", cfg.TTL); err != nil {
-		return cfg, err
-	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
 	}
 	if cfg.Recheck == 0 {
 		cfg.Recheck = DefaultRecheck
@@ -170,6 +154,33 @@ func (cfg Config) withDefaults() (Config, error) {
 		cfg.Backoff.MaxDelay = min(contend.DefaultMaxDelay, cfg.Recheck)
 	}
 	return cfg, nil
+}
+
+// common checks and fills in the fields that Config and QuorumConfig (what)
+// share, and refuses a negative value of the others.
+func common(what string, prefix *string, ttl, maxWait *time.Duration, others map[string]time.Duration) error {
+	others["TTL"], others["MaxWait"] = *ttl, *maxWait
+	for name, d := range others {
+		if d < 0 {
+			return fmt.Errorf("distlock: %s.%s %v is negative: %w", what, name, d, contend.ErrInvalid)
+		}
+	}
+	if *prefix == "" {
+		*prefix = DefaultPrefix
+	}
+	if err := checkPrefix(what+".Prefix", *prefix); err != nil {
+		return err
+	}
+	if *ttl == 0 {
+		*ttl = DefaultTTL
+	}
+	if err := checkTTL(what+".TTL", *ttl); err != nil {
+		return err
+	}
+	if *maxWait == 0 {
+		*maxWait = DefaultMaxWait
+	}
+	return nil
 }
 
 func checkTTL(what string, ttl time.Duration) error {

@@ -105,28 +105,12 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 			return nil, fmt.Errorf("distlock: quorum node %d is nil: %w", i, contend.ErrInvalid)
 		}
 	}
-	for name, d := range map[string]time.Duration{"TTL": cfg.TTL, "MaxWait": cfg.MaxWait, "NodeTimeout": cfg.NodeTimeout} {
-		if d < 0 {
-			return nil, fmt.Errorf("distlock: QuorumConfig.%s %v is negative: %w", name, d, contend.ErrInvalid)
-		}
-	}
 	if cfg.DriftFactor < 0 || cfg.DriftFactor >= 0.5 {
 		return nil, fmt.Errorf("distlock: QuorumConfig.DriftFactor %v is not in [0, 0.5): %w", cfg.DriftFactor, contend.ErrInvalid)
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = DefaultPrefix
-	}
-	if err := checkPrefix("QuorumConfig.Prefix", cfg.Prefix); err != nil {
+	err := common("QuorumConfig", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, map[string]time.Duration{"NodeTimeout": cfg.NodeTimeout})
+	if err != nil {
 		return nil, err
-	}
-	if cfg.TTL == 0 {
-		cfg.TTL = DefaultTTL
-	}
-	if err := checkTTL("QuorumConfig.TTL", cfg.TTL); err != nil {
-		return nil, err
-	}
-	if cfg.MaxWait == 0 {
-		cfg.MaxWait = DefaultMaxWait
 	}
 	if cfg.NodeTimeout == 0 {
 		cfg.NodeTimeout = DefaultNodeTimeout

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/contend/contend/internal/faultproxy"
 	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 )
 
 func TestMain(m *testing.M) { testserver.Main(m) }
@@ -57,28 +57,19 @@ func pooled(t *testing.T, rdb *redis.Client, size int) *redis.Client {
 // checks that every reply is the caller's own.
 func echoes(t *testing.T, ctx context.Context, s *scriptbatch.Sender, workers, rounds int) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for w := range workers {
-		wg.Go(func() {
-			for i := range rounds {
-				want := strconv.Itoa(w) + ":" + strconv.Itoa(i)
-				got, err := s.Run(ctx, echo, []string{"k"}, want).Text()
-				if err == nil && got != want {
-					err = fmt.Errorf("worker %d got %q, sent %q", w, got, want)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
+	workload.Each(t, workers, func(w int) error {
+		for i := range rounds {
+			want := strconv.Itoa(w) + ":" + strconv.Itoa(i)
+			got, err := s.Run(ctx, echo, []string{"k"}, want).Text()
+			if err != nil {
+				return err
 			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+			if got != want {
+				return fmt.Errorf("worker %d got %q, sent %q", w, got, want)
+			}
+		}
+		return nil
+	})
 }
 
 // batched sends 50 scripts from each of workers goroutines through a
