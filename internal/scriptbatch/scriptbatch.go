@@ -82,15 +82,14 @@ type Sender struct {
 	rdb    redis.Scripter
 	limit  int
 	inline bool          // rdb honours ctx deadlines: send on the caller's goroutine
-	work   chan []*call  // hands a batch to a waiting goroutine
-	quit   chan struct{} // closed by Close
-	once   sync.Once     // closes quit
+	work   chan []*call  // hands a batch to a waiting goroutine; nil tells it to end
 
 	mu      sync.Mutex    // protects the fields below
 	sending int           // sends under way
 	queue   []*call       // calls waiting for the next batch, oldest first
 	workers int           // goroutines of the Sender...
-	waiting int           // ...of which waiting for the next batch
+	waiting int           // ...of which waiting for a batch that nobody promised them yet
+	closed  bool          // Close was called: waiting goroutines end
 	gone    chan struct{} // closed when workers drops to 0; nil while it is 0
 }
 
@@ -103,7 +102,7 @@ func New(rdb redis.Scripter, limit int) *Sender {
 	}
 	return &Sender{
 		rdb: rdb, limit: max(limit, 1), inline: HonoursDeadlines(rdb),
-		work: make(chan []*call), quit: make(chan struct{}),
+		work: make(chan []*call),
 	}
 }
 
@@ -150,14 +149,18 @@ func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, a
 // those whose sends are under way (calls abandoned on a network that does
 // not answer), until ctx ends.
 func (s *Sender) Close(ctx context.Context) error {
-	s.once.Do(func() { close(s.quit) })
 	s.mu.Lock()
-	gone, busy := s.gone, s.workers > s.waiting
+	s.closed = true
+	idle, busy, gone := s.waiting, s.workers-s.waiting, s.gone
+	s.waiting = 0
 	s.mu.Unlock()
+	for range idle {
+		s.work <- nil
+	}
 	if gone == nil {
 		return nil
 	}
-	if !busy {
+	if busy == 0 {
 		<-gone
 		return nil
 	}
@@ -183,12 +186,13 @@ func (cl *call) wait() *redis.Cmd {
 // start hands batch to a goroutine of the Sender that waits for one, or to
 // a new one.
 func (s *Sender) start(batch []*call) {
-	select {
-	case s.work <- batch:
-		return
-	default:
-	}
 	s.mu.Lock()
+	if s.waiting > 0 {
+		s.waiting-- // promised this batch: it now counts as busy
+		s.mu.Unlock()
+		s.work <- batch
+		return
+	}
 	if s.workers++; s.gone == nil {
 		s.gone = make(chan struct{})
 	}
@@ -200,25 +204,27 @@ func (s *Sender) start(batch []*call) {
 // then it waits to be handed the next batch, until Close.
 func (s *Sender) worker(batch []*call) {
 	defer s.exit()
-	for {
+	for batch != nil {
 		s.send(batch)
-		if batch = s.next(); batch != nil {
-			continue
-		}
-		s.mu.Lock()
-		s.waiting++
-		s.mu.Unlock()
-		select {
-		case batch = <-s.work:
-		case <-s.quit:
-		}
-		s.mu.Lock()
-		s.waiting--
-		s.mu.Unlock()
-		if batch == nil {
-			return
+		var wait bool
+		if batch, wait = s.nextOrWait(); wait {
+			batch = <-s.work
 		}
 	}
+}
+
+// nextOrWait is next for a worker, which, when no call queued, waits for
+// the next batch (reporting wait), unless the Sender is closed: then it
+// ends. Both in one step, so that Close never finds a worker between the
+// two, neither busy nor waiting.
+func (s *Sender) nextOrWait() (batch []*call, wait bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if batch = s.nextLocked(); batch != nil || s.closed {
+		return batch, false
+	}
+	s.waiting++
+	return nil, true
 }
 
 // exit counts a worker out, and lets Close return when it was the last.
@@ -236,6 +242,10 @@ func (s *Sender) exit() {
 func (s *Sender) next() []*call {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.nextLocked()
+}
+
+func (s *Sender) nextLocked() []*call {
 	batch := s.queue
 	s.queue = nil
 	if len(batch) == 0 {

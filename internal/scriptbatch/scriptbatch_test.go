@@ -185,3 +185,17 @@ func stuck(t *testing.T, honours bool) {
 	}
 	require.NoError(t, s.Close(t.Context()), "the abandoned call never ended")
 }
+
+// Close ends the goroutines that wait for work at once, even with a ctx
+// that has ended, and reports none under way; calls after Close still run.
+func TestCloseEndsIdleGoroutines(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testserver.Redis(t)
+	s := scriptbatch.New(rdb, scriptbatch.Limit(rdb))
+	echoes(t, t.Context(), s, 8, 20) // leaves goroutines waiting for work
+	done, cancel := context.WithCancel(t.Context())
+	cancel()
+	require.NoError(t, s.Close(done))
+	require.Equal(t, "after", s.Run(t.Context(), echo, []string{"k"}, "after").Val())
+	require.NoError(t, s.Close(t.Context()))
+}
