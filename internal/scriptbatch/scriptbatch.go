@@ -81,11 +81,12 @@ func HonoursDeadlines(rdb any) bool {
 type Sender struct {
 	rdb    redis.Scripter
 	limit  int
-	inline bool          // rdb honours ctx deadlines: send on the caller's goroutine
-	work   chan []*call  // hands a batch to a waiting goroutine; nil tells it to end
+	inline bool         // rdb honours ctx deadlines: send on the caller's goroutine
+	work   chan []*call // hands a batch to a waiting goroutine; nil tells it to end
 
 	mu      sync.Mutex    // protects the fields below
 	sending int           // sends under way
+	pending int           // calls made and not yet answered
 	queue   []*call       // calls waiting for the next batch, oldest first
 	workers int           // goroutines of the Sender...
 	waiting int           // ...of which waiting for a batch that nobody promised them yet
@@ -122,6 +123,7 @@ type call struct {
 func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
 	cl := &call{ctx: ctx, script: script, keys: keys, args: args}
 	s.mu.Lock()
+	s.pending++
 	if s.sending >= s.limit {
 		cl.done = make(chan struct{})
 		s.queue = append(s.queue, cl)
@@ -145,13 +147,13 @@ func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, a
 }
 
 // Close ends the Sender's goroutines once their sends are done, and waits
-// for them: for those that wait for work, which end at once, always; for
-// those whose sends are under way (calls abandoned on a network that does
-// not answer), until ctx ends.
+// for them: while no call is unanswered, always (they end at once);
+// while one is (a call abandoned on a network that does not answer), until
+// ctx ends.
 func (s *Sender) Close(ctx context.Context) error {
 	s.mu.Lock()
 	s.closed = true
-	idle, busy, gone := s.waiting, s.workers-s.waiting, s.gone
+	idle, busy, gone := s.waiting, s.pending > 0, s.gone
 	s.waiting = 0
 	s.mu.Unlock()
 	for range idle {
@@ -160,7 +162,9 @@ func (s *Sender) Close(ctx context.Context) error {
 	if gone == nil {
 		return nil
 	}
-	if busy == 0 {
+	if !busy {
+		// The goroutines are waiting for work, or done with their last
+		// send and about to: they end at once.
 		<-gone
 		return nil
 	}
@@ -262,6 +266,7 @@ func (s *Sender) send(batch []*call) {
 	if len(batch) == 1 {
 		cl := batch[0]
 		cl.cmd = cl.script.Run(cl.ctx, s.rdb, cl.keys, cl.args...)
+		s.answered(1)
 		cl.finish()
 		return
 	}
@@ -276,8 +281,18 @@ func (s *Sender) send(batch []*call) {
 		if redis.HasErrorPrefix(cl.cmd.Err(), "NOSCRIPT") {
 			cl.cmd = cl.script.Run(ctx, s.rdb, cl.keys, cl.args...)
 		}
+	}
+	s.answered(len(batch))
+	for _, cl := range batch {
 		cl.finish()
 	}
+}
+
+// answered counts n calls out of pending.
+func (s *Sender) answered(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pending -= n
 }
 
 func (cl *call) finish() {
