@@ -1,0 +1,168 @@
+package distlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/contend/contend"
+)
+
+// The waiter's side of the protocol: an Obtain that found the key held
+// waits in line, here or in Redis, until a release hands it the lock or its
+// own attempt finds it free or reserved for it.
+
+// wait obtains the lock as a queued waiter. A deferred waiter (w non-nil)
+// is queued by the release of the lock it waits behind; any other is
+// registered for its wake before the attempt that queues it is sent,
+// because the release that reserves the lock for it can come before that
+// attempt's reply.
+//
+// A waiter holds the lock when an attempt of its own says so, or when a
+// release of this client hands it over (the release's reply is Redis's
+// word). A message from another process's release only makes it attempt at
+// once: the attempt turns the reservation into a hold.
+func (c *Client) wait(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, w *waiter) (l *Lock, err error) {
+	began := time.Now()
+	deferred := w != nil
+	if !deferred {
+		w = newWaiter(tok, ttl)
+		if err := c.register(w); err != nil {
+			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+		}
+	}
+	defer c.unregister(tok)
+	// queued: tok may be in Redis's queue or hold the lock, which leaving
+	// must clean up, even though ctx may have ended: that may be why.
+	queued := false
+	defer func() {
+		if l == nil {
+			c.stopWaiting(ctx, key, keys, w, deferred, queued)
+		}
+	}()
+	s := c.subscriber()
+	c.awaitSubscription(ctx, s)
+	giveUpBy := began.Add(c.cfg.MaxWait)
+	for attempts := 0; ; {
+		if !deferred {
+			if cause := ctxErr(ctx); cause != nil {
+				return nil, c.gaveUp(key, began, cause)
+			}
+			queued = true
+			attempts++
+			l, err := c.attempt(ctx, key, keys, tok, ttl, true)
+			if err != nil {
+				if cause := ctxErr(ctx); cause != nil {
+					return nil, c.gaveUp(key, began, cause)
+				}
+				return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+			}
+			if l != nil {
+				if attempts == 1 {
+					c.clearBusy(key)
+				}
+				c.setHolder(key, tok, l.ValidUntil())
+				return c.obtained(l, began), nil
+			}
+			c.setQueued(key, tok)
+		}
+		g, cause := c.sleep(ctx, s, w, attempts, giveUpBy)
+		switch {
+		case cause != nil:
+			return nil, c.gaveUp(key, began, cause)
+		case g.fence > 0: // handed over by a release here, already recorded
+			return c.obtained(newLock(c, key, keys, tok, g.fence, ttl, c.validity(g.at, ttl)), began), nil
+		case deferred:
+			stay, sent := c.rejoin(key, w)
+			// Unless it stays, from now on a waiter like any other: its
+			// next attempt queues it, if a release has not.
+			deferred, queued = stay, sent
+		}
+	}
+}
+
+// stopWaiting cleans up after w's wait for key ended without the lock. A
+// waiter that may be in Redis's queue, or hold the lock there, leaves it;
+// a head that never reached Redis lets the waiters behind it go, so that
+// they do not wait for it.
+func (c *Client) stopWaiting(ctx context.Context, key string, keys []string, w *waiter, deferred, queued bool) {
+	if deferred && c.leaveLine(key, w) {
+		queued = true
+	}
+	if queued {
+		c.leave(ctx, key, keys, w.tok)
+	} else {
+		c.dropHead(key, w.tok)
+	}
+}
+
+// obtained reports l, obtained by a wait that began at began.
+func (c *Client) obtained(l *Lock, began time.Time) *Lock {
+	c.observe(Event{Kind: EventObtained, Key: l.key, Fence: l.fence, Waited: time.Since(began)})
+	return l
+}
+
+// awaitSubscription holds the first waiters of a client briefly until its
+// subscription is confirmed: a message published before would be lost.
+// While the subscription is down, waiters check on their own.
+func (c *Client) awaitSubscription(ctx context.Context, s *subscriber) {
+	if s.healthy.Load() {
+		return
+	}
+	t := time.NewTimer(c.cfg.Recheck)
+	defer t.Stop()
+	select {
+	case <-s.settled:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// sleep waits until w is woken, or until it is time to check the lock
+// again in case the message was lost or the holder died (with jitter, so
+// that many waiters' checks do not arrive together), and returns the
+// grant, if any. It returns why the wait must end instead, if it must: ctx
+// ended, MaxWait passed, or the client closed.
+func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts int, giveUpBy time.Time) (grant, error) {
+	delay := c.cfg.Recheck*4/5 + rand.N(c.cfg.Recheck*2/5+1)
+	if !s.healthy.Load() {
+		delay = max(c.cfg.Backoff.Delay(attempts), time.Millisecond)
+	}
+	t := time.NewTimer(min(delay, time.Until(giveUpBy)))
+	defer t.Stop()
+	select {
+	case g := <-w.wake:
+		return g, nil
+	case <-t.C:
+		if !time.Now().Before(giveUpBy) {
+			return grant{}, errMaxWait
+		}
+		return grant{}, nil
+	case <-ctx.Done():
+		return grant{}, ctxErr(ctx)
+	case <-c.closing:
+		return grant{}, ErrClosed
+	}
+}
+
+// gaveUp reports a wait for key that began at began and ended for cause.
+func (c *Client) gaveUp(key string, began time.Time, cause error) error {
+	c.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: cause})
+	if errors.Is(cause, ErrClosed) {
+		return fmt.Errorf("distlock: obtain %q: %w", key, cause)
+	}
+	return fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
+		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
+}
+
+// leave removes tok from key's queue and releases the lock if tok holds it
+// (or it is reserved for tok), handing it to the next waiter: for a waiter
+// that gives up, and for an attempt whose reply was lost. It runs even when
+// ctx has ended; failures are left to the leases (the queue entry and the
+// reservation expire by themselves).
+func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
+	first, inTurn := c.takeAlong(key, tok)
+	_, _ = c.runRelease(c.clock.context(ctx), key, keys, releaseArgs{token: tok, givingUp: true}, first, inTurn)
+}
