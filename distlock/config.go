@@ -32,19 +32,19 @@ type Config struct {
 	// callers without a deadline wait forever. Default: 30s.
 	MaxWait time.Duration
 	// Recheck is how often a waiter checks the lock by itself, in case the
-	// message that grants it the lock was lost (a dropped subscription) or
-	// the holder died without releasing. It also renews the waiter's place
+	// message that tells it its turn came was lost (a dropped subscription)
+	// or the holder died without releasing. It also renews the waiter's place
 	// in the queue, which lapses after three Rechecks without one (the
 	// waiter's process died). Default: 500ms.
 	Recheck time.Duration
-	// GrantLease is how long a lock that another process's release hands
-	// to one of this client's waiters stays the waiter's before it accepts
-	// it (and extends it to its TTL); a hand-over within this client is for
-	// the waiter's TTL at once.
-	// It is short so that a waiter whose process died holds the key only
-	// briefly; longer than Recheck so that a waiter whose grant message was
-	// lost finds the grant still there when it checks. Default: 2 × Recheck,
-	// and never more than the waiter's TTL.
+	// GrantLease is how long another process's release reserves the lock
+	// for one of this client's waiters, until the waiter's next attempt,
+	// sent when the release's message arrives, makes it a hold for its TTL;
+	// a hand-over within this client is for the waiter's TTL at once.
+	// It is short so that a waiter whose process died blocks the key only
+	// briefly; longer than Recheck so that a waiter whose message was lost
+	// finds the reservation still there when it checks. Default: 2 ×
+	// Recheck, and never more than the waiter's TTL.
 	GrantLease time.Duration
 	// Backoff paces a waiter's checks while the client cannot receive
 	// grants (its subscription is down): jittered exponential backoff,
