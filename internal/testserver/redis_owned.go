@@ -33,6 +33,12 @@ type OwnedRedis struct {
 // can be started.
 func OwnRedis(t testing.TB) *OwnedRedis {
 	t.Helper()
+	return ownRedis(t)
+}
+
+// ownRedis is OwnRedis, with extra arguments for redis-server.
+func ownRedis(t testing.TB, extra ...string) *OwnedRedis {
+	t.Helper()
 	server, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("testserver: redis-server not found (Debian: apt-get install redis-server): %v", err)
@@ -41,7 +47,7 @@ func OwnRedis(t testing.TB) *OwnedRedis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &OwnedRedis{d: redisDaemon(server, dir)}
+	r := &OwnedRedis{d: redisDaemon(server, dir, extra...)}
 	t.Cleanup(func() {
 		if err := errors.Join(r.Stop(), removeDir(dir)); err != nil {
 			t.Errorf("testserver: owned redis: %v", err)
@@ -62,17 +68,18 @@ func OwnRedis(t testing.TB) *OwnedRedis {
 	}
 }
 
-// redisDaemon is how startRedis runs redis-server, with its files in dir.
-func redisDaemon(server, dir string) daemon {
+// redisDaemon is how startRedis runs redis-server, with its files in dir,
+// and extra arguments after its own.
+func redisDaemon(server, dir string, extra ...string) daemon {
 	return daemon{
 		name: "redis-server",
 		path: server,
 		args: func(port int) []string {
 			// --dir keeps anything the server writes inside the directory
 			// stop removes; --daemonize no in case a default config says yes.
-			return []string{"--save", "", "--appendonly", "no",
+			return append([]string{"--save", "", "--appendonly", "no",
 				"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-				"--daemonize", "no", "--dir", dir}
+				"--daemonize", "no", "--dir", dir}, extra...)
 		},
 		dir:        dir,
 		stopSignal: syscall.SIGTERM,
