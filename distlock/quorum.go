@@ -241,7 +241,7 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 		return nil, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
 	}
 	return nil, fmt.Errorf("%d of %d nodes granted, %d refused, %d failed: %w",
-		ok, len(q.nodes), no, len(errs), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+		ok, len(q.nodes), no, len(errs), noQuorum(errs))
 }
 
 type nodeResult struct {
@@ -274,6 +274,9 @@ func (q *Quorum) each(ctx context.Context, op func(ctx context.Context, n *scrip
 	wg.Wait()
 	return res
 }
+
+// noQuorum is ErrNoQuorum joined with the nodes' errors.
+func noQuorum(errs []error) error { return errors.Join(append([]error{ErrNoQuorum}, errs...)...) }
 
 // tally counts the nodes that said yes, said no, and failed.
 func tally(res []nodeResult) (ok, no int, errs []error) {
@@ -315,7 +318,7 @@ func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 	case no > len(q.nodes)-q.quorum:
 		return false, nil // a majority no longer has the token: lost for good
 	}
-	return false, fmt.Errorf("refresh reached %d of %d nodes: %w", ok, len(q.nodes), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+	return false, fmt.Errorf("refresh reached %d of %d nodes: %w", ok, len(q.nodes), noQuorum(errs))
 }
 
 func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
@@ -330,7 +333,7 @@ func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
 	case no > len(q.nodes)-q.quorum:
 		return false, nil
 	}
-	return false, fmt.Errorf("release reached %d of %d nodes: %w", ok+no, len(q.nodes), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+	return false, fmt.Errorf("release reached %d of %d nodes: %w", ok+no, len(q.nodes), noQuorum(errs))
 }
 
 func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
@@ -357,5 +360,5 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 	case no > len(q.nodes)-q.quorum:
 		return 0, false, nil
 	}
-	return 0, false, fmt.Errorf("reached %d of %d nodes: %w", ok+no, len(q.nodes), errors.Join(append([]error{ErrNoQuorum}, errs...)...))
+	return 0, false, fmt.Errorf("reached %d of %d nodes: %w", ok+no, len(q.nodes), noQuorum(errs))
 }
