@@ -3,6 +3,7 @@ package distlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -38,7 +39,13 @@ func TestHolderStalledPastItsTTL(t *testing.T) {
 	t.Parallel()
 	write := ledger(t)
 	rdb, prefix := testserver.Redis(t)
-	stalled, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond})
+	lost := make(chan distlock.Event, 1)
+	stalled, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond,
+		Observe: func(e distlock.Event) {
+			if e.Kind == distlock.EventLost {
+				lost <- e
+			}
+		}})
 	other := newClient(t, rdb, distlock.Config{Prefix: prefix, TTL: 5 * time.Second, Recheck: 50 * time.Millisecond})
 
 	var cause, otherErr error
@@ -49,6 +56,15 @@ func TestHolderStalledPastItsTTL(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)
+			// Observe hears of it when fn does, not when Do returns.
+			select {
+			case e := <-lost:
+				if !errors.Is(e.Err, contend.ErrLockLost) {
+					return fmt.Errorf("EventLost with %v", e.Err)
+				}
+			case <-time.After(5 * time.Second):
+				return errors.New("no EventLost while fn still runs")
+			}
 		case <-time.After(10 * time.Second):
 			return errors.New("the stalled holder was never told")
 		}
@@ -196,4 +212,40 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 
 	require.NoError(t, c.Close(ctx))
 	goleak.VerifyNone(t, before)
+}
+
+// A holder whose Redis is down (every refresh refused at once) loses the
+// lock when its validity passes, by the watchdog's timer, and Observe hears
+// of it then, while fn still runs: not only of the refreshes that failed.
+func TestLossIsObservedWhenRedisIsDown(t *testing.T) {
+	t.Parallel()
+	srv := testserver.OwnRedis(t)
+	rdb := srv.Client(t)
+	events := make(chan distlock.Event, 64)
+	c := newClient(t, rdb, distlock.Config{TTL: 300 * time.Millisecond, Observe: func(e distlock.Event) {
+		select {
+		case events <- e:
+		default:
+		}
+	}})
+	err := c.Do(t.Context(), "job", func(ctx context.Context) error {
+		require.NoError(t, srv.Stop())
+		<-ctx.Done()
+		for {
+			select {
+			case e := <-events:
+				if e.Kind == distlock.EventLost {
+					if !errors.Is(e.Err, contend.ErrLockLost) {
+						return fmt.Errorf("EventLost with %v", e.Err)
+					}
+					return nil
+				}
+			case <-time.After(5 * time.Second):
+				return errors.New("no EventLost while fn still runs")
+			}
+		}
+	})
+	require.ErrorIs(t, err, contend.ErrLockLost)
+	require.NotContains(t, err.Error(), "no EventLost")
+	require.NoError(t, srv.Start())
 }

@@ -55,12 +55,13 @@ type Lock struct {
 
 	valid atomic.Pointer[time.Time] // only ever moved later
 
-	mu       sync.Mutex // protects the fields below; held during Release
-	hold     *keepalive.Hold
-	holdCtx  context.Context
-	lost     error // what the watchdog reported when it stopped
-	released bool
-	result   error // Release's outcome, returned again by later calls
+	mu            sync.Mutex // protects the fields below; held during Release
+	hold          *keepalive.Hold
+	holdCtx       context.Context
+	stopLostEvent func() bool // stops the report of the hold's loss
+	lost          error       // what the watchdog reported when it stopped
+	released      bool
+	result        error // Release's outcome, returned again by later calls
 }
 
 func newLock(owner lockOwner, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
@@ -182,18 +183,21 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 	obtained := l.ValidUntil().Add(-ttl)
 	l.hold = l.owner.holdTimers().Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
 		held, err := l.extend(ctx, l.ttl)
-		switch {
-		case err != nil:
+		if err != nil {
 			l.owner.observe(Event{Kind: EventRefreshFailed, Key: l.key, Fence: l.fence, Err: err})
-			if !time.Now().Before(l.ValidUntil()) {
-				l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: err})
-			}
-		case !held:
-			l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: contend.ErrLockLost})
 		}
 		return held, err
 	})
-	l.holdCtx = l.hold.Context()
+	hctx := l.hold.Context()
+	// The loss is reported when the watchdog decides it, by a refresh or by
+	// its timer; Release stops this first, so that a hold that ends with
+	// its work starts no goroutine for it.
+	l.stopLostEvent = context.AfterFunc(hctx, func() {
+		if cause := context.Cause(hctx); errors.Is(cause, contend.ErrLockLost) {
+			l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: cause})
+		}
+	})
+	l.holdCtx = hctx
 	return l.holdCtx
 }
 
@@ -216,6 +220,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		return l.result
 	}
 	if l.hold != nil {
+		l.stopLostEvent()
 		if lost := l.hold.Stop(); lost != nil {
 			l.lost = lost
 		}
