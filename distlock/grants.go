@@ -23,7 +23,7 @@ import (
 type subscriber struct {
 	ps      *redis.PubSub // set and replaced under the client's mu
 	settled chan struct{} // closed once the first subscription succeeded or failed
-	healthy atomic.Bool   // subscribed now: grants will arrive
+	healthy atomic.Bool   // subscribed now: releases' messages will arrive
 	stop    chan struct{} // closed by Close
 	done    chan struct{} // closed when the goroutine has ended
 }
@@ -39,7 +39,7 @@ type grant struct {
 	at    time.Time
 }
 
-// register records w for its grants, starting the subscriber if this is
+// register records w for its wake-ups, starting the subscriber if this is
 // the client's first wait.
 func (c *Client) register(w *waiter) error {
 	c.mu.Lock()
@@ -63,7 +63,7 @@ func (c *Client) register(w *waiter) error {
 // subscriber returns the subscriber, which a registered waiter has started.
 func (c *Client) subscriber() *subscriber { return c.sub.Load() }
 
-// listening reports whether the subscription is confirmed: grants
+// listening reports whether the subscription is confirmed: messages
 // published now reach this client.
 func (c *Client) listening() bool {
 	s := c.subscriber()
@@ -111,7 +111,7 @@ func (c *Client) wakePublished(tok string) {
 	}
 }
 
-// wakeAll makes every waiter check the lock now: grants published while the
+// wakeAll makes every waiter check the lock now: messages published while the
 // subscription was down were lost.
 func (c *Client) wakeAll() {
 	c.mu.Lock()
