@@ -28,8 +28,7 @@ func TestClusterKeepsALocksKeysOnOneSlot(t *testing.T) {
 	slots := map[int64]bool{}
 	for i := range 12 {
 		key := fmt.Sprintf("job:%d", i)
-		lock := distlock.DefaultPrefix + "{" + key + "}"
-		slot, err := rdb.ClusterKeySlot(ctx, lock).Result()
+		slot, err := rdb.ClusterKeySlot(ctx, lockKey(distlock.DefaultPrefix, key)).Result()
 		require.NoError(t, err)
 		slots[slot] = true
 
@@ -40,8 +39,7 @@ func TestClusterKeepsALocksKeysOnOneSlot(t *testing.T) {
 		holder, err := c.TryObtain(ctx, key, time.Minute)
 		require.NoError(t, err, "key %s", key)
 		w := obtainAsync(ctx, other, key, time.Minute)
-		require.Eventually(t, func() bool { return rdb.LLen(ctx, lock+":queue").Val() == 1 },
-			5*time.Second, time.Millisecond, "key %s: the waiter did not queue", key)
+		waitQueued(t, rdb, distlock.DefaultPrefix, key, 1)
 		require.NoError(t, holder.Refresh(ctx, 0), "key %s", key)
 		next := handOver(ctx, t, holder, w)
 		require.Greater(t, next.Fence(), holder.Fence(), "key %s", key)

@@ -46,7 +46,7 @@ func newClient(t testing.TB, rdb distlock.RedisClient, cfg distlock.Config) *dis
 func lockKey(prefix, key string) string { return prefix + "{" + key + "}" }
 
 // queued reports how many waiters are in key's queue.
-func queued(t testing.TB, rdb *redis.Client, prefix, key string) int64 {
+func queued(t testing.TB, rdb redis.Cmdable, prefix, key string) int64 {
 	t.Helper()
 	n, err := rdb.LLen(context.Background(), lockKey(prefix, key)+":queue").Result()
 	require.NoError(t, err)
@@ -54,7 +54,7 @@ func queued(t testing.TB, rdb *redis.Client, prefix, key string) int64 {
 }
 
 // waitQueued waits until key's queue has n waiters.
-func waitQueued(t testing.TB, rdb *redis.Client, prefix, key string, n int64) {
+func waitQueued(t testing.TB, rdb redis.Cmdable, prefix, key string, n int64) {
 	t.Helper()
 	require.Eventually(t, func() bool { return queued(t, rdb, prefix, key) == n },
 		5*time.Second, time.Millisecond, "waiting for %d waiters in the queue", n)
