@@ -197,7 +197,9 @@ func TestResetConnectionsAreNotALoss(t *testing.T) {
 func TestLatencyNeverOverstatesTheLease(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testserver.Redis(t)
-	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond})
+	// The lease leaves room for a refresh delayed by a loaded machine:
+	// what is checked is the validity, not the refreshes' punctuality.
+	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: time.Second})
 	warm(t, c) // a new connection's handshake would take four round trips
 	proxy.SetLatency(30 * time.Millisecond)
 	checks := 0

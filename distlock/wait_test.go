@@ -549,3 +549,39 @@ func TestTurnPassFromALostLock(t *testing.T) {
 	require.Greater(t, got.l.Fence(), l.Fence())
 	require.NoError(t, got.l.Release(ctx))
 }
+
+// A waiter's place in the queue lasts as long as its own lease, whatever
+// the leases of the waiters of other clients: a client that rechecks often
+// (and so renews its place with a short lease) and then gives up must not
+// take the others' places with it.
+func TestShortLeaseDoesNotExpireOthersPlaces(t *testing.T) {
+	t.Parallel()
+	slow, holding, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
+	fast := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: 10 * time.Millisecond})
+	later := newClient(t, rdb, distlock.Config{Prefix: prefix, Recheck: time.Minute})
+	ctx := t.Context()
+	holder, err := holding.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+
+	first := obtainAsync(ctx, slow, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	fastCtx, cancel := context.WithCancel(ctx)
+	gaveUp := obtainAsync(fastCtx, fast, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 2)
+	cancel()
+	require.ErrorIs(t, receive(t, gaveUp, 5*time.Second).err, context.Canceled)
+	// Well past the fast client's waiter lease (three rechecks), well
+	// within the slow one's.
+	time.Sleep(200 * time.Millisecond)
+	require.Equal(t, int64(1), queued(t, rdb, prefix, "job"), "the first waiter's place expired with another's lease")
+	second := obtainAsync(ctx, later, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 2)
+
+	require.NoError(t, holder.Release(ctx))
+	got := receive(t, first, 5*time.Second)
+	require.NoError(t, got.err, "the first waiter lost its place")
+	require.NoError(t, got.l.Release(ctx))
+	got = receive(t, second, 5*time.Second)
+	require.NoError(t, got.err)
+	require.NoError(t, got.l.Release(ctx))
+}

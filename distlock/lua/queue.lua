@@ -4,8 +4,8 @@
 --   KEYS[4] the waiters: a hash token -> "deadline_ms grant_ms ttl_ms
 --           channel"; a waiter whose deadline passed without its renewing
 --           it (its process died) is skipped
--- Both expire a waiter's lease after the last renewal, so an abandoned
--- queue disappears by itself.
+-- Both expire when the lease of the last waiter to renew its place has
+-- passed, so an abandoned queue disappears by itself.
 
 -- now_ms is the server's clock in milliseconds, read once per script: a
 -- script runs as one step, so one reading serves all of it.
@@ -31,6 +31,15 @@ local function dequeue(t)
   end
 end
 
+-- extend makes key live at least lease ms more, never less: the queue
+-- lasts as long as its longest-lived waiter, whose place a waiter with a
+-- shorter lease (another client's, with a shorter Recheck) must not cut.
+local function extend(key, lease)
+  if redis.call('PTTL', key) < lease then
+    redis.call('PEXPIRE', key, lease)
+  end
+end
+
 -- enqueue puts waiter t in line with its entry, or renews its place if it
 -- is there already; and marks cur, the lock's value, as a hold with waiters
 -- behind it, so that its release hands it on (see lib.lua).
@@ -38,8 +47,8 @@ local function enqueue(t, entry, lease, cur)
   if redis.call('HSET', KEYS[4], t, entry) == 1 then
     redis.call('RPUSH', KEYS[3], t)
   end
-  redis.call('PEXPIRE', KEYS[3], lease)
-  redis.call('PEXPIRE', KEYS[4], lease)
+  extend(KEYS[3], lease)
+  extend(KEYS[4], lease)
   if cur and string.sub(cur, -2) ~= '|q' and string.sub(cur, -2) ~= '|g' then
     redis.call('SET', KEYS[1], cur .. '|q', 'KEEPTTL')
   end
