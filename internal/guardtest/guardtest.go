@@ -12,7 +12,21 @@
 //   - a lost race gives [contend.ErrConflict] at once where the guard fails
 //     fast, and waits for ctx otherwise;
 //   - ctx cancelled before or during fn, and a panic in fn, leave nothing held;
-//   - an empty key is refused with [contend.ErrInvalid].
+//   - an empty key is refused with [contend.ErrInvalid];
+//   - every history is linearizable: each call's read-modify-write is
+//     recorded, in every process, with its call and return times and the
+//     value it read, and checked key by key against a counter with
+//     porcupine (package internal/history says how, and what a failed call
+//     may have done). The contention runs check their histories, and one
+//     more run checks a history made under faults: three processes, the
+//     first of which talks to PostgreSQL and to Redis through fault proxies
+//     that slow its link, lose a reply after its command ran and reset its
+//     connections, round after round (a guard for one process runs it in
+//     one process). The suite fails if the faults cut no connection.
+//
+// The run under faults is a few seconds per guard. Set CONTEND_LONG=1 for a
+// longer one: twice the goroutines, five times the operations, twice the
+// keys.
 //
 // Goroutines left behind are caught by the calling package's TestMain
 // (testserver.Main).
@@ -22,6 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -34,6 +49,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/harness"
+	"github.com/contend/contend/internal/history"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -96,6 +112,15 @@ func Run(t *testing.T, s Suite) {
 		t.Logf("successes %d, counted %d, overlaps %d", rep.Successes, rep.Counted, rep.Overlaps)
 		require.True(t, rep.Counted < int64(rep.Successes) || rep.Overlaps > 0,
 			"a single-process guard showed no overlap across processes: the check cannot see what it claims to")
+	})
+	t.Run("linearizable/under_faults", func(t *testing.T) {
+		// A guard for one process is checked within its promise: its
+		// goroutines, with that process's link under faults.
+		processes := 3
+		if s.SingleProcess {
+			processes = 1
+		}
+		ContendUnderFaults(t, s, faultConfig(processes)).RequireLinearizable(t)
 	})
 	t.Run("returns_fn_error", func(t *testing.T) {
 		g, k := build(t, s)
@@ -274,6 +299,15 @@ type Report struct {
 	Counted int64
 	// Overlaps counts the times a fn found another fn for its key inside.
 	Overlaps int64
+	// Log is every call's call and return, from every process, and each
+	// counter's final value; History is the verdict on it.
+	Log     history.Log
+	History history.Result
+	// Workers counts the processes that ran the operation and reported.
+	Workers int
+	// UnderFaults is set in a run under faults; Faults is what they did.
+	UnderFaults bool
+	Faults      faultCount
 }
 
 // Contend runs a read-modify-write of a counter inside Do from the goroutines
@@ -281,28 +315,60 @@ type Report struct {
 // write fn pauses, so an unguarded read-modify-write loses updates reliably.
 func Contend(t *testing.T, s Suite, cfg harness.Config) Report {
 	t.Helper()
-	var env Env
+	return contention(t, s, cfg, false)
+}
+
+// ContendUnderFaults is [Contend] with the first process to start talking to
+// PostgreSQL and Redis through fault proxies that slow its link, lose a
+// reply after its command ran and reset its connections, round after round,
+// for the whole run. Each call is given 10s; the ones that fail count as
+// errors, and the history models them as calls of unknown outcome.
+func ContendUnderFaults(t *testing.T, s Suite, cfg harness.Config) Report {
+	t.Helper()
+	return contention(t, s, cfg, true)
+}
+
+func contention(t *testing.T, s Suite, cfg harness.Config, faults bool) Report {
+	t.Helper()
+	var (
+		env   Env
+		dir   string  // set by setup, so only in the test process
+		local *worker // the test process's own, when it runs the operation
+	)
 	res := harness.Run(t, cfg,
 		func() harness.Params {
 			url := testserver.Postgres(t)
 			env = open(t, s.Driver, url, "")
 			setup(t, s, env, cfg.Keys)
-			return harness.Params{"url": url, "prefix": env.Prefix}
+			dir = t.TempDir()
+			return harness.Params{"url": url, "prefix": env.Prefix, "dir": dir, "faults": strconv.FormatBool(faults)}
 		},
 		func(t testing.TB, p harness.Params) harness.Op {
-			env := open(t, s.Driver, p["url"], p["prefix"])
-			g := newGuard(t, s, env)
-			return func(ctx context.Context, key string) error {
-				return g.Do(ctx, key, func(ctx context.Context) error { return increment(ctx, env, key) })
+			w := newWorker(t, s, p)
+			if dir != "" {
+				local = w
+			} else {
+				t.Cleanup(func() { w.save(t, p["dir"]) })
 			}
+			return w.op
 		})
-	rep := Report{Result: res}
+	rep := Report{Result: res, UnderFaults: faults}
 	require.NoError(t, env.DB.Get(&rep.Counted, `SELECT coalesce(sum(n), 0) FROM `+counterTable))
 	overlaps, err := env.Redis.Get(t.Context(), env.Prefix+"overlaps").Int64()
 	if !errors.Is(err, redis.Nil) {
 		require.NoError(t, err)
 	}
 	rep.Overlaps = overlaps
+	all := collect(t, dir, local)
+	rep.Workers, rep.Log, rep.Faults = all.Workers, all.Log, all.Faults
+	require.Equal(t, max(cfg.Processes, 1), rep.Workers, "a process's history is missing")
+	for _, k := range cfg.Keys {
+		call := history.Now()
+		var n int64
+		require.NoError(t, env.DB.Get(&n, `SELECT n FROM `+counterTable+` WHERE key = $1`, k))
+		rep.Log.Ops = append(rep.Log.Ops, history.Observed(k, call, n))
+	}
+	rep.History = history.Check(rep.Log, checkTimeout)
 	return rep
 }
 
@@ -320,9 +386,47 @@ func (r Report) RequireHeld(t *testing.T, s Suite) {
 	if !s.FailFast {
 		require.Zero(t, r.Conflicts, "a waiting guard gave up")
 	}
+	r.RequireLinearizable(t)
 }
 
-func increment(ctx context.Context, env Env, key string) error {
+// RequireLinearizable checks that the history of r is linearizable, key by
+// key, and that r did something worth checking; under faults, that the
+// faults were real.
+func (r Report) RequireLinearizable(t *testing.T) {
+	t.Helper()
+	t.Logf("history: %v", r.History)
+	if !r.History.Linearizable() {
+		for _, key := range r.History.Illegal {
+			t.Logf("history of %s: %s", key, r.visualize(key))
+		}
+		t.Fatalf("the history is not linearizable: %v", r.History)
+	}
+	require.Positive(t, r.Successes)
+	if r.UnderFaults {
+		require.Positive(t, r.Faults.Reset, "the faults cut no connection: the run did not test what it claims")
+		t.Logf("faults: %d resets cut %d connections, %d replies set to be lost; %d calls failed (%d after fn wrote), e.g. %v",
+			r.Faults.Resets, r.Faults.Reset, r.Faults.Drops, r.Errors, r.History.Maybes, r.FirstErrors[:min(3, len(r.FirstErrors))])
+	}
+}
+
+// visualize writes porcupine's view of key's history to a file that outlives
+// the test, and returns its name.
+func (r Report) visualize(key string) string {
+	f, err := os.CreateTemp("", "contend-history-*.html")
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if err := r.History.Visualize(f, key, checkTimeout); err != nil {
+		return err.Error()
+	}
+	return f.Name()
+}
+
+// increment is fn: a read-modify-write of key's counter through the guard's
+// querier, recorded in call, and an overlap check outside the guard.
+func increment(ctx context.Context, env Env, key string, call *history.Call) error {
+	call.Reading()
 	marker := env.Prefix + "inside:" + key
 	n, err := env.Redis.Incr(ctx, marker).Result()
 	if err != nil {
@@ -340,6 +444,7 @@ func increment(ctx context.Context, env Env, key string) error {
 	// Widen the window between read and write, so that a guard that does not
 	// keep callers apart loses updates every run, not once in a while.
 	time.Sleep(time.Millisecond)
+	call.Sending(v)
 	_, err = q.ExecContext(ctx, `UPDATE `+counterTable+` SET n = $2 WHERE key = $1`, key, v+1)
 	return err
 }

@@ -54,4 +54,24 @@ func TestNaiveMutexLosesUpdatesAcrossProcesses(t *testing.T) {
 	require.Zero(t, rep.Errors, "%v", rep.FirstErrors)
 	require.Less(t, rep.Counted, int64(rep.Successes), "a process-local mutex must lose updates across processes")
 	require.Positive(t, rep.Overlaps, "the overlap detector must see two processes inside at once")
+	requireRejected(t, rep)
+}
+
+// The same guard under the faults of the linearizability run: the history
+// checker, not only the counter, must reject it.
+func TestNaiveMutexIsNotLinearizableUnderFaults(t *testing.T) {
+	rep := ContendUnderFaults(t, naive, faultConfig(3))
+	t.Logf("successes %d, errors %d, counted %d; faults %+v", rep.Successes, rep.Errors, rep.Counted, rep.Faults)
+	requireRejected(t, rep)
+	require.Positive(t, rep.Faults.Reset, "the faults cut no connection")
+}
+
+// requireRejected checks that the checker found, and decided, a key whose
+// history no order explains.
+func requireRejected(t *testing.T, rep Report) {
+	t.Helper()
+	t.Logf("history: %v", rep.History)
+	require.NotEmpty(t, rep.History.Illegal, "the checker must reject a guard that loses updates")
+	require.Empty(t, rep.History.Unknown, "the checker must decide every key in time")
+	require.False(t, rep.History.Linearizable())
 }

@@ -21,6 +21,14 @@
 // A call that returned an error before fn sent its write cannot have changed
 // the counter and is left out; the [Recorder] counts it.
 //
+// An operation's interval starts when fn begins the attempt that reads, not
+// when Do is called: both the read and the write happen inside fn, after that
+// moment, so a guard that keeps its promise makes each read-modify-write take
+// effect at one moment between it and Do's return. Leaving out the time spent
+// waiting for the guard keeps the intervals short, which makes the check both
+// stricter and fast: with long overlapping intervals, proving a history with
+// many lost updates illegal takes the checker time exponential in them.
+//
 // Timestamps are CLOCK_MONOTONIC, read by [Now]. On Linux that clock is one
 // per machine, not one per process, so the calls and returns of several
 // processes on one machine compare directly; unlike the wall clock it never
@@ -78,8 +86,9 @@ type Op struct {
 	Kind    Kind   `json:"kind"`
 	// Value is what an Increment or an Observe read.
 	Value int64 `json:"value,omitempty"`
-	// Call and Return are [Now] when the call began and when it returned;
-	// Return is [Pending] for a Maybe.
+	// Call is [Now] when fn began the attempt that read (for a Maybe, the
+	// first attempt that sent a write), Return when Do returned; Return is
+	// [Pending] for a Maybe.
 	Call   int64 `json:"call"`
 	Return int64 `json:"return"`
 }
@@ -125,22 +134,36 @@ type Recorder struct {
 // NewRecorder returns a recorder whose operations carry process.
 func NewRecorder(process int) *Recorder { return &Recorder{process: process} }
 
-// Begin records the call of an operation on key, now.
+// Process is the process r's operations carry.
+func (r *Recorder) Process() int { return r.process }
+
+// Begin records the call of an operation on key.
 func (r *Recorder) Begin(key string) *Call {
-	return &Call{r: r, key: key, call: Now()}
+	return &Call{r: r, key: key, attempt: Now()}
 }
 
 // A Call is one operation under way. Its methods may be called from the
 // goroutine that runs fn as well as from the caller's.
 type Call struct {
-	r    *Recorder
-	key  string
-	call int64
+	r   *Recorder
+	key string
 
-	mu    sync.Mutex // protects the fields below
-	sent  bool
-	read  int64
-	ended bool
+	mu        sync.Mutex // protects the fields below
+	attempt   int64      // when the current attempt of fn began
+	firstSent int64      // when the first attempt that sent a write began
+	lastSent  int64      // when the last attempt that sent a write began
+	sent      bool
+	read      int64
+	ended     bool
+}
+
+// Reading records that fn begins an attempt: call it first thing in fn,
+// before the read.
+func (c *Call) Reading() {
+	now := Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.attempt = now
 }
 
 // Sending records that fn read v and is about to send v+1. Call it right
@@ -152,7 +175,10 @@ func (c *Call) Sending(v int64) {
 	if c.ended {
 		c.r.breach(fmt.Sprintf("%s: fn wrote %d after Do returned", c.key, v+1))
 	}
-	c.sent, c.read = true, v
+	if !c.sent {
+		c.firstSent = c.attempt
+	}
+	c.sent, c.read, c.lastSent = true, v, c.attempt
 }
 
 // End records the return of the call, with the error it returned.
@@ -161,15 +187,15 @@ func (c *Call) End(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.ended = true
-	op := Op{Process: c.r.process, Key: c.key, Call: c.call}
+	op := Op{Process: c.r.process, Key: c.key}
 	switch {
 	case err == nil && !c.sent:
 		c.r.breach(fmt.Sprintf("%s: Do returned success but fn never wrote", c.key))
 		return
 	case err == nil:
-		op.Kind, op.Value, op.Return = Increment, c.read, ret
+		op.Kind, op.Value, op.Call, op.Return = Increment, c.read, c.lastSent, ret
 	case c.sent:
-		op.Kind, op.Return = Maybe, Pending
+		op.Kind, op.Call, op.Return = Maybe, c.firstSent, Pending
 	default:
 		c.r.mu.Lock()
 		c.r.unsent++
@@ -249,9 +275,9 @@ var counter = porcupine.Model{
 
 // Result is the verdict on a history, key by key.
 type Result struct {
-	// Ops and Keys count what was checked; Maybes counts the operations
-	// among Ops whose outcome was unknown.
-	Ops, Keys, Maybes int
+	// Ops, Keys and Processes count what was checked; Maybes counts the
+	// operations among Ops whose outcome was unknown.
+	Ops, Keys, Processes, Maybes int
 	// Illegal lists the keys whose history no order explains, Unknown the
 	// keys the checker could not decide in time, both sorted.
 	Illegal, Unknown []string
@@ -273,8 +299,8 @@ func (r Result) Linearizable() bool {
 func (r Result) Violations() int { return len(r.Illegal) + len(r.Breaches) }
 
 func (r Result) String() string {
-	return fmt.Sprintf("%d ops (%d unknown outcome) on %d keys checked in %v: %d not linearizable %v, %d undecided %v, %d breaches %v",
-		r.Ops, r.Maybes, r.Keys, r.Took.Round(time.Millisecond), len(r.Illegal), r.Illegal, len(r.Unknown), r.Unknown, len(r.Breaches), r.Breaches)
+	return fmt.Sprintf("%d ops (%d unknown outcome) from %d processes on %d keys checked in %v: %d not linearizable %v, %d undecided %v, %d breaches %v",
+		r.Ops, r.Maybes, r.Processes, r.Keys, r.Took.Round(time.Millisecond), len(r.Illegal), r.Illegal, len(r.Unknown), r.Unknown, len(r.Breaches), r.Breaches)
 }
 
 // Check checks each key's history in l against a counter that starts at
@@ -282,7 +308,11 @@ func (r Result) String() string {
 func Check(l Log, timeout time.Duration) Result {
 	began := time.Now()
 	res := Result{Ops: len(l.Ops), Breaches: l.Breaches, byKey: map[string][]porcupine.Operation{}}
+	processes := map[int]bool{}
 	for _, o := range l.Ops {
+		if o.Kind != Observe {
+			processes[o.Process] = true
+		}
 		if o.Kind == Maybe {
 			res.Maybes++
 		}
@@ -290,7 +320,7 @@ func Check(l Log, timeout time.Duration) Result {
 			ClientId: max(o.Process, 0), Input: o, Call: o.Call, Return: o.Return,
 		})
 	}
-	res.Keys = len(res.byKey)
+	res.Keys, res.Processes = len(res.byKey), len(processes)
 	for _, key := range slices.Sorted(maps.Keys(res.byKey)) {
 		switch porcupine.CheckOperationsTimeout(counter, res.byKey[key], timeout) {
 		case porcupine.Illegal:

@@ -71,18 +71,26 @@ func TestCheckBreachIsAViolation(t *testing.T) {
 	require.Equal(t, 1, res.Violations())
 }
 
-// What the recorder makes of each way a call can end.
+// What the recorder makes of each way a call can end, and which attempt's
+// start each operation's interval begins at.
 func TestRecorder(t *testing.T) {
 	r := NewRecorder(2)
 	failed := errors.New("connection reset")
 
 	c := r.Begin("a")
+	c.Reading()
 	c.Sending(4)
-	c.Sending(6) // a guard ran fn again: the last attempt counts
+	c.Reading() // a guard ran fn again: the last attempt counts
+	second := Now()
+	c.Sending(6)
 	c.End(nil)
 
 	c = r.Begin("a")
+	c.Reading()
+	first := Now()
 	c.Sending(7)
+	c.Reading()
+	c.Sending(8)
 	c.End(failed)
 
 	r.Begin("a").End(failed) // failed before fn wrote: no effect possible
@@ -93,10 +101,14 @@ func TestRecorder(t *testing.T) {
 
 	l := r.Log()
 	require.Len(t, l.Ops, 2)
-	require.Equal(t, Op{Process: 2, Key: "a", Kind: Increment, Value: 6, Call: l.Ops[0].Call, Return: l.Ops[0].Return}, l.Ops[0])
-	require.LessOrEqual(t, l.Ops[0].Call, l.Ops[0].Return)
-	require.Equal(t, Op{Process: 2, Key: "a", Kind: Maybe, Call: l.Ops[1].Call, Return: Pending}, l.Ops[1])
-	require.Less(t, l.Ops[0].Return, l.Ops[1].Call)
+	inc, maybe := l.Ops[0], l.Ops[1]
+	require.Equal(t, Op{Process: 2, Key: "a", Kind: Increment, Value: 6, Call: inc.Call, Return: inc.Return}, inc)
+	require.LessOrEqual(t, inc.Call, second, "the interval starts at the last attempt")
+	require.Less(t, second-inc.Call, int64(time.Millisecond))
+	require.LessOrEqual(t, second, inc.Return)
+	require.Equal(t, Op{Process: 2, Key: "a", Kind: Maybe, Call: maybe.Call, Return: Pending}, maybe)
+	require.LessOrEqual(t, maybe.Call, first, "an unknown outcome may come from the first attempt that wrote")
+	require.Less(t, inc.Return, maybe.Call)
 	require.Equal(t, 1, l.Unsent)
 	require.Len(t, l.Breaches, 2)
 	require.Contains(t, l.Breaches[0], "never wrote")
@@ -128,6 +140,7 @@ func TestRecordedGoroutines(t *testing.T) {
 					if guarded {
 						guard.Lock()
 					}
+					c.Reading()
 					store.Lock()
 					v := counter
 					store.Unlock()
