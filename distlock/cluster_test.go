@@ -1,7 +1,10 @@
 package distlock_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,4 +54,84 @@ func TestClusterKeepsALocksKeysOnOneSlot(t *testing.T) {
 	require.ErrorContains(t, err, "CROSSSLOT", "keys with an empty hash tag, in one script")
 	_, err = c.TryObtain(ctx, "}job", time.Second)
 	require.ErrorIs(t, err, contend.ErrInvalid)
+}
+
+// A master of a Cluster with replicas crashes while a lock on one of its
+// slots is held, and its replica takes over. The replica had the lock and
+// the fencing counter (the test waits for the copy, as WAIT would): the
+// holder whose lease outlasts the failover keeps its lock, refreshed on
+// the new master, and nobody else gets the key meanwhile; a holder whose
+// lease runs out first is told at its validity, by its timer, while the
+// master is gone. Fencing tokens only grow across the failover.
+func TestClusterFailoverWhileHeld(t *testing.T) {
+	t.Parallel()
+	cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3, Replicas: 1, NodeTimeout: time.Second})
+	ctx := t.Context()
+	var refreshFailed atomic.Int32
+	c := newClient(t, cl.Client, distlock.Config{Observe: func(e distlock.Event) {
+		if e.Kind == distlock.EventRefreshFailed {
+			refreshFailed.Add(1)
+		}
+	}})
+	other := newClient(t, cl.Client, distlock.Config{})
+
+	// Two keys on one master, so that one crash takes both; a failover
+	// needs a majority of the masters alive to agree.
+	master, err := cl.Client.MasterForKey(ctx, lockKey(distlock.DefaultPrefix, "long"))
+	require.NoError(t, err)
+	addr := master.Options().Addr
+	shortKey := ""
+	for i := 0; shortKey == ""; i++ {
+		key := fmt.Sprintf("short%d", i)
+		m, err := cl.Client.MasterForKey(ctx, lockKey(distlock.DefaultPrefix, key))
+		require.NoError(t, err)
+		if m.Options().Addr == addr {
+			shortKey = key
+		}
+	}
+	long, err := c.TryObtain(ctx, "long", 12*time.Second)
+	require.NoError(t, err)
+	longCtx := long.Hold(ctx)
+	firstValid := long.ValidUntil()
+	short, err := c.TryObtain(ctx, shortKey, time.Second)
+	require.NoError(t, err)
+	shortCtx := short.Hold(ctx)
+	n, err := master.Wait(ctx, 1, 5*time.Second).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "the replica did not get the locks")
+	crashed := time.Now()
+	require.NoError(t, cl.Node(addr).Kill())
+
+	// The short lease ends during the failover: its holder is told by its
+	// timer, though every call to the dead master fails or waits.
+	<-shortCtx.Done()
+	lag := time.Since(short.ValidUntil())
+	require.ErrorIs(t, context.Cause(shortCtx), contend.ErrLockLost)
+	require.Less(t, lag, 50*time.Millisecond, "told %v after the validity", lag)
+
+	// Nobody else gets the long lock while its holder keeps it; its holder
+	// keeps it across the failover, refreshed (every 4s) on the new master
+	// once the client has read the cluster's new map.
+	var failedOver time.Duration
+	for time.Since(crashed) < 8*time.Second {
+		_, err := other.TryObtain(ctx, "long", time.Second)
+		require.Error(t, err, "another client obtained a held key during the failover")
+		if errors.Is(err, contend.ErrConflict) && failedOver == 0 {
+			failedOver = time.Since(crashed) // the new master answers
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.NotZero(t, failedOver, "the replica never took over")
+	require.NoError(t, longCtx.Err(), "the holder lost a lock the new master kept")
+	require.True(t, long.ValidUntil().After(firstValid), "the lock was never refreshed on the new master")
+	require.NoError(t, long.Release(ctx))
+
+	for _, old := range []*distlock.Lock{long, short} {
+		next, err := other.Obtain(ctx, old.Key(), time.Second)
+		require.NoError(t, err)
+		require.Greater(t, next.Fence(), old.Fence(), "%s: fencing tokens went back across the failover", old.Key())
+		require.NoError(t, next.Release(ctx))
+	}
+	t.Logf("failover: the new master answered %v after the crash; the short holder was told %v after its validity; %d refreshes failed meanwhile",
+		failedOver.Round(time.Millisecond), lag, refreshFailed.Load())
 }

@@ -266,6 +266,7 @@ func (s *Sender) send(batch []*call) {
 	if len(batch) == 1 {
 		cl := batch[0]
 		cl.cmd = cl.script.Run(cl.ctx, s.rdb, cl.keys, cl.args...)
+		s.failedOver(cl.cmd.Err())
 		s.answered(1)
 		cl.finish()
 		return
@@ -281,10 +282,25 @@ func (s *Sender) send(batch []*call) {
 		if redis.HasErrorPrefix(cl.cmd.Err(), "NOSCRIPT") {
 			cl.cmd = cl.script.Run(ctx, s.rdb, cl.keys, cl.args...)
 		}
+		s.failedOver(cl.cmd.Err())
 	}
 	s.answered(len(batch))
 	for _, cl := range batch {
 		cl.finish()
+	}
+}
+
+// failedOver asks a Cluster client to read the cluster's slots again
+// after a call failed: a master that died or stopped answering may have
+// been replaced by its replica, which go-redis learns only from a MOVED
+// reply (which a dead master never sends) or when its map is a minute
+// old. The reload runs in the background, at most one at a time.
+func (s *Sender) failedOver(err error) {
+	if err == nil || err == redis.Nil {
+		return
+	}
+	if c, ok := s.rdb.(interface{ ReloadState(context.Context) }); ok {
+		c.ReloadState(context.Background())
 	}
 }
 

@@ -125,6 +125,22 @@ func (r *OwnedRedis) Stop() error {
 	return err
 }
 
+// Kill ends the server at once with SIGKILL, as a crash or a lost machine
+// does: it answers nothing more and says goodbye to nobody. Killing a
+// stopped server does nothing.
+func (r *OwnedRedis) Kill() error {
+	if r.p == nil {
+		return nil
+	}
+	p := r.p
+	r.p = nil
+	if err := p.cmd.Process.Kill(); err != nil {
+		return fmt.Errorf("testserver: kill redis-server: %w", err)
+	}
+	_ = p.cmd.Wait() // "signal: killed"
+	return nil
+}
+
 // Start starts the stopped server again, on the same port, empty, and waits
 // until it answers. Starting a running server does nothing.
 func (r *OwnedRedis) Start() error {
