@@ -145,15 +145,18 @@
 // them on one Cluster slot, so one script can touch them all. So a key may
 // not contain '}' (it would end the tag early), nor a Prefix a brace (it
 // would be every lock's tag, and put them all on one slot). A Client
-// accepts any [redis.UniversalClient]: one node, Sentinel or Cluster. When a
-Cluster master fails over to its replica, locks the replica had received
-stay held and their holders keep them; a lock whose lease ends during the
-failover is lost at its validity, on its holder's timer. A Cluster client
-of go-redis learns of a failover only from a MOVED reply, which a dead
-master never sends, or when its slot map is a minute old; so after a
-failed call the Client asks it to read the map again. Every
+// accepts any [redis.UniversalClient]: one node, Sentinel or Cluster. Every
 // key expires by itself: the lock with its lease, the queue with its
 // waiters', the fencing counter a day after its last use (see above).
+//
+// When a Cluster master fails over to its replica, the locks the replica
+// had received stay held and their holders keep them; a lock whose lease
+// ends during the failover is lost at its validity, on its holder's timer.
+// Replication is asynchronous: a lock or fencing increment the replica had
+// not received is forgotten, as on a restart. A Cluster client of go-redis
+// learns of a failover only from a MOVED reply, which a dead master never
+// sends, or when its slot map is a minute old; so after a failed call the
+// Client asks it to read the map again.
 //
 // # When not to use it
 //
