@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ var load = harness.Config{Processes: 3, Goroutines: 64, Ops: 4, Keys: []string{"
 // token in the order holders entered and increments a counter by reading it
 // and writing it back, a window in which an overlapping holder's increment
 // is lost.
-func readThenWrite(ctx context.Context, rdb *redis.Client, prefix string, fence int64) error {
+func readThenWrite(ctx context.Context, rdb redis.UniversalClient, prefix string, fence int64) error {
 	n, err := rdb.Get(ctx, prefix+"counter").Int64()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return err
@@ -36,19 +37,31 @@ func readThenWrite(ctx context.Context, rdb *redis.Client, prefix string, fence 
 }
 
 // underLoad runs newOp's operation under load and returns the outcome, the
-// counter, and the fencing tokens in entry order.
-func underLoad(t *testing.T, newOp func(t testing.TB, rdb *redis.Client, prefix string) harness.Op) (harness.Result, int64, []int64) {
+// counter, and the fencing tokens in entry order: on the shared Redis, or,
+// with cluster, on a Redis Cluster of three masters of the test's own,
+// which every worker process reaches by its nodes' addresses.
+func underLoad(t *testing.T, cluster bool, newOp func(t testing.TB, rdb redis.UniversalClient, prefix string) harness.Op) (harness.Result, int64, []int64) {
 	var (
-		rdb    *redis.Client
+		rdb    redis.UniversalClient
 		prefix string
 	)
 	res := harness.Run(t, load,
 		func() harness.Params {
-			rdb, prefix = testserver.Redis(t)
-			return harness.Params{"prefix": prefix}
+			if !cluster {
+				rdb, prefix = testserver.Redis(t)
+				return harness.Params{"prefix": prefix}
+			}
+			cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3})
+			rdb, prefix = cl.Client, distlock.DefaultPrefix
+			return harness.Params{"prefix": prefix, "cluster": strings.Join(cl.Client.Options().Addrs, ",")}
 		},
 		func(t testing.TB, p harness.Params) harness.Op {
-			rdb, _ := testserver.Redis(t)
+			if p["cluster"] == "" {
+				rdb, _ := testserver.Redis(t)
+				return newOp(t, rdb, p["prefix"])
+			}
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(p["cluster"], ",")})
+			t.Cleanup(func() { rdb.Close() })
 			return newOp(t, rdb, p["prefix"])
 		})
 	ctx := context.Background()
@@ -69,7 +82,13 @@ func underLoad(t *testing.T, newOp func(t testing.TB, rdb *redis.Client, prefix 
 // Mutual exclusion across processes, checked: the counter is exact, and the
 // fencing tokens increase strictly in the order the holders entered.
 func TestMutualExclusionAcrossProcesses(t *testing.T) {
-	requireExclusion(t, distlock.Config{})
+	requireExclusion(t, false, distlock.Config{})
+}
+
+// The same on a Redis Cluster: every script of the hand-overs between
+// processes runs on the key's slot.
+func TestMutualExclusionOnACluster(t *testing.T) {
+	requireExclusion(t, true, distlock.Config{})
 }
 
 // The same, with waiters that check the lock by themselves every few
@@ -77,13 +96,13 @@ func TestMutualExclusionAcrossProcesses(t *testing.T) {
 // releases that hand them the lock all the time, where with the default a
 // few of them a run do.
 func TestMutualExclusionWithWaitersRechecking(t *testing.T) {
-	requireExclusion(t, distlock.Config{Recheck: 5 * time.Millisecond})
+	requireExclusion(t, false, distlock.Config{Recheck: 5 * time.Millisecond})
 }
 
 // requireExclusion checks mutual exclusion and fencing order under load,
 // with clients made from cfg.
-func requireExclusion(t *testing.T, cfg distlock.Config) {
-	res, counter, fences := underLoad(t, func(t testing.TB, rdb *redis.Client, prefix string) harness.Op {
+func requireExclusion(t *testing.T, cluster bool, cfg distlock.Config) {
+	res, counter, fences := underLoad(t, cluster, func(t testing.TB, rdb redis.UniversalClient, prefix string) harness.Op {
 		// Leases long enough that a stalled process does not lose its
 		// lock: this test is about exclusion, the fault tests about stalls.
 		cfg := cfg
@@ -109,7 +128,7 @@ func requireExclusion(t *testing.T, cfg distlock.Config) {
 // The negative control: the same read-then-write without the lock loses
 // updates under the same load, so the test above can fail.
 func TestWithoutTheLockUpdatesAreLost(t *testing.T) {
-	res, counter, _ := underLoad(t, func(t testing.TB, rdb *redis.Client, prefix string) harness.Op {
+	res, counter, _ := underLoad(t, false, func(t testing.TB, rdb redis.UniversalClient, prefix string) harness.Op {
 		return func(ctx context.Context, key string) error {
 			return readThenWrite(ctx, rdb, prefix, 0)
 		}
