@@ -1,0 +1,166 @@
+package distlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/testserver"
+)
+
+// The variables that make this test binary a holder process.
+const (
+	holderPrefixEnv = "DISTLOCK_TEST_HOLDER_PREFIX"
+	holderURLEnv    = "DISTLOCK_TEST_HOLDER_URL"
+	holderTTL       = 600 * time.Millisecond
+)
+
+// fencedWrite is a resource in Redis that checks fencing tokens: it takes
+// a write (appending writer to the log) only with a token at least as
+// large as every one it has taken.
+var fencedWrite = redis.NewScript(`
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) < last then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('RPUSH', KEYS[2], ARGV[2])
+return 1`)
+
+func write(ctx context.Context, rdb *redis.Client, prefix string, fence int64, writer string) (bool, error) {
+	n, err := fencedWrite.Run(ctx, rdb, []string{prefix + "last", prefix + "log"}, fence, writer).Int()
+	return n == 1, err
+}
+
+// TestHolderProcess is the holder that the process tests below start as a
+// separate OS process, then kill or stop; run alone it does nothing. It
+// takes the lock and writes to the fenced resource every few milliseconds
+// until its ctx ends, then reports why.
+func TestHolderProcess(t *testing.T) {
+	prefix := os.Getenv(holderPrefixEnv)
+	if prefix == "" {
+		t.Skip("the holder process of the kill and stop tests")
+	}
+	opts, err := redis.ParseURL(os.Getenv(holderURLEnv))
+	require.NoError(t, err)
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, TTL: holderTTL})
+	require.NoError(t, err)
+	ctx := context.Background()
+	err = c.Do(ctx, "job", func(ctx context.Context) error {
+		l, _ := distlock.FromContext(ctx)
+		rdb.RPush(ctx, prefix+"events", fmt.Sprintf("held %d", l.Fence()))
+		for i := 0; ; i++ {
+			if ctx.Err() != nil {
+				return rdb.RPush(context.WithoutCancel(ctx), prefix+"events", "told "+context.Cause(ctx).Error()).Err()
+			}
+			// The write of a holder that does not look at its ctx in time:
+			// only the fencing token can stop it.
+			if _, err := write(context.WithoutCancel(ctx), rdb, prefix, l.Fence(), "holder:"+strconv.Itoa(i)); err != nil {
+				return err
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	rdb.RPush(ctx, prefix+"events", fmt.Sprintf("done %v", err))
+}
+
+// holder starts the holder process and waits until it holds the lock; it
+// returns the process and the lock's fencing token.
+func holder(t *testing.T, rdb *redis.Client, prefix string) (*exec.Cmd, int64) {
+	url, err := testserver.RedisURL()
+	require.NoError(t, err)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHolderProcess$")
+	cmd.Env = append(os.Environ(), holderPrefixEnv+"="+prefix, holderURLEnv+"="+url)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	held := event(t, rdb, prefix, "held ")
+	fence, err := strconv.ParseInt(held, 10, 64)
+	require.NoError(t, err)
+	return cmd, fence
+}
+
+// event waits for the holder's next event, which must start with kind, and
+// returns the rest of it.
+func event(t *testing.T, rdb *redis.Client, prefix, kind string) string {
+	t.Helper()
+	res, err := rdb.BLPop(t.Context(), 10*time.Second, prefix+"events").Result()
+	require.NoError(t, err, "no %q from the holder process", kind)
+	require.True(t, strings.HasPrefix(res[1], kind), "the holder process said %q, not %q", res[1], kind)
+	return strings.TrimPrefix(res[1], kind)
+}
+
+// kill -9 of the holder: nothing releases its lock, which blocks the key
+// until its lease runs out, and no longer; the next holder's fencing token
+// is larger.
+func TestKilledHolderBlocksTheKeyForItsLeaseOnly(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: 20 * time.Millisecond})
+	cmd, fence := holder(t, rdb, prefix)
+	require.NoError(t, cmd.Process.Kill())
+	killed := time.Now()
+	_ = cmd.Wait()
+
+	l, err := c.Obtain(t.Context(), "job", time.Second)
+	require.NoError(t, err)
+	waited := time.Since(killed)
+	require.Greater(t, l.Fence(), fence)
+	require.NoError(t, l.Release(t.Context()))
+	t.Logf("obtained %v after the kill (lease %v)", waited.Round(time.Millisecond), holderTTL)
+	require.Less(t, waited, holderTTL+500*time.Millisecond, "the dead holder blocked the key past its lease")
+}
+
+// SIGSTOP of the holder past its lease, as a long GC pause or a frozen VM
+// does: another process takes the key and writes; when the holder resumes,
+// its fn's ctx is cancelled with ErrLockLost by the timer, whatever it was
+// doing, and the writes it makes before it looks are refused by the fenced
+// resource: after the new holder's first write, none of the old holder's
+// is taken.
+func TestStoppedHolderIsFencedOff(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{Recheck: 20 * time.Millisecond})
+	cmd, fence := holder(t, rdb, prefix)
+	time.Sleep(50 * time.Millisecond) // a few writes under the lease
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	stopped := time.Now()
+	t.Cleanup(func() { _ = cmd.Process.Signal(syscall.SIGCONT) })
+
+	err := c.Do(t.Context(), "job", func(ctx context.Context) error {
+		l, _ := distlock.FromContext(ctx)
+		if l.Fence() <= fence {
+			return errors.New("the new holder's fencing token is not larger")
+		}
+		applied, err := write(ctx, rdb, prefix, l.Fence(), "other")
+		if err == nil && !applied {
+			err = errors.New("the new holder's write was refused")
+		}
+		return err
+	})
+	require.NoError(t, err)
+	taken := time.Since(stopped)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
+	resumed := time.Now()
+
+	told := event(t, rdb, prefix, "told ")
+	require.Contains(t, told, contend.ErrLockLost.Error())
+	require.Contains(t, event(t, rdb, prefix, "done "), contend.ErrLockLost.Error())
+	log, err := rdb.LRange(t.Context(), prefix+"log", 0, -1).Result()
+	require.NoError(t, err)
+	i := slices.Index(log, "other")
+	require.GreaterOrEqual(t, i, 0, "the new holder's write is not in the log")
+	require.Len(t, log, i+1, "the old holder's writes after the new holder's were taken: %v", log[i:])
+	t.Logf("another process took the key %v after the stop; the old holder, resumed, was told within %v; its %d writes before were taken, none after",
+		taken.Round(time.Millisecond), time.Since(resumed).Round(time.Millisecond), i)
+}
