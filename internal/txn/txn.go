@@ -1,6 +1,7 @@
 // Package txn runs a function inside a transaction, the one way the SQL
-// strategies do: begin, commit on success, roll back on error or panic, and run
-// the whole transaction again when the server says that may succeed.
+// strategies do: decide whose transaction it is, begin, commit on success,
+// roll back on error or panic, and run the whole transaction again when the
+// server says that may succeed.
 package txn
 
 import (
@@ -8,16 +9,23 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/jmoiron/sqlx"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqlerr"
 )
 
 // Beginner is a handle that can begin transactions: [*sql.DB], [*sql.Conn],
-// sqlx's DB.
+// sqlx's DB and Conn, and any wrapper of the caller's with the same BeginTx.
 type Beginner interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
+
+// DefaultFinishTimeout is the default of [Options.FinishTimeout].
+const DefaultFinishTimeout = 5 * time.Second
 
 // Options says how [Run] runs its transaction.
 type Options struct {
@@ -30,40 +38,137 @@ type Options struct {
 	// the whole transaction again for, besides deadlocks and serialization
 	// failures (always retried where Run owns the transaction). Optional.
 	Retryable func(error) bool
+	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
+	// transaction Run owns (see [Run]). Default: [DefaultFinishTimeout].
+	FinishTimeout time.Duration
 }
 
-// Run runs fn inside a transaction on db and returns the number of attempts
-// and the last error. fn's ctx carries the transaction for [contend.Querier].
+// Handle is where a guard's statements run, decided from the handle it was
+// given and the context of the call.
+type Handle struct {
+	// Tx is a transaction someone else owns, to run in; nil when the guard
+	// begins transactions of its own on Pool.
+	Tx contend.DBTX
+	// Pool begins the guard's own transactions; nil when Tx is set.
+	Pool Beginner
+}
+
+// Owned reports whether the guard owns its transactions.
+func (h Handle) Owned() bool { return h.Tx == nil }
+
+// Check reports an error matching [contend.ErrInvalid] unless db is a handle
+// whose kind is known: a transaction ([*sql.Tx], sqlx's Tx), run in and
+// never committed, or a pool ([*sql.DB], [*sql.Conn], sqlx's DB and Conn,
+// anything with [Beginner]'s BeginTx), on which transactions are begun.
 //
-// When db can begin transactions, Run owns the transaction: it commits when fn
-// returns nil and rolls back otherwise, also on panic (re-raised). A deadlock
-// or serialization failure (SQLSTATE 40P01, 40001), or an error opts.Retryable
-// accepts, rolls back and runs the whole transaction again under opts.Retry:
-// an aborted PostgreSQL transaction cannot go on, so nothing short of a fresh
-// one can succeed.
-//
-// When db is already a transaction (it cannot begin one), fn runs on it once,
-// Run neither commits nor rolls back, and errors are returned for the owner of
-// the transaction to handle: only it can retry from the start.
-func Run(ctx context.Context, db contend.DBTX, opts Options, fn func(ctx context.Context, tx contend.DBTX) error) (attempts int, err error) {
+// Nothing else is guessed at. A wrapper with only [contend.DBTX]'s methods
+// might be either; taken for a transaction, its statements would run in
+// autocommit: a lock would end with the statement that took it and fn would
+// run unlocked.
+func Check(db contend.DBTX) error {
+	_, err := kind(db)
+	return err
+}
+
+// IsNil reports whether db is nil or a typed nil, such as a nil [*sql.DB].
+func IsNil(db contend.DBTX) bool {
 	if db == nil {
-		return 0, fmt.Errorf("nil db: %w", contend.ErrInvalid)
+		return true
+	}
+	switch v := reflect.ValueOf(db); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
+}
+
+func kind(db contend.DBTX) (Handle, error) {
+	if IsNil(db) {
+		return Handle{}, fmt.Errorf("nil db: %w", contend.ErrInvalid)
+	}
+	switch h := db.(type) {
+	case *sql.Tx, *sqlx.Tx:
+		return Handle{Tx: h}, nil
+	case Beginner:
+		return Handle{Pool: h}, nil
+	}
+	return Handle{}, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
+		"or anything with BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error) to begin a transaction per call, or a *sql.Tx "+
+		"or sqlx's Tx to run inside yours: %w", db, contend.ErrInvalid)
+}
+
+// Resolve decides where a call on db runs. A transaction runs the call in
+// itself. A pool runs it in the transaction ctx carries ([contend.Querier]:
+// fn of another SQL guard, or of an outer call), so nested guards share one
+// transaction and the server sees, and breaks, any deadlock between their
+// locks; with none, the guard begins its own on the pool.
+func Resolve(ctx context.Context, db contend.DBTX) (Handle, error) {
+	h, err := kind(db)
+	if err != nil || !h.Owned() {
+		return h, err
+	}
+	outer := contend.Querier(ctx, nil)
+	if outer == nil {
+		return h, nil
+	}
+	o, err := kind(outer)
+	if err != nil {
+		return Handle{}, fmt.Errorf("the querier ctx carries: %w", err)
+	}
+	if o.Owned() {
+		// A pool put in ctx with contend.WithQuerier: no transaction to join.
+		return h, nil
+	}
+	return o, nil
+}
+
+// Run runs fn inside a transaction and returns the number of attempts and
+// the last error. fn's ctx carries the transaction for [contend.Querier].
+// Where the transaction comes from is [Resolve]'s decision; a handle of
+// unknown kind gives an error matching [contend.ErrInvalid] and runs nothing.
+//
+// In a transaction of its own, Run commits when fn returns nil and rolls
+// back otherwise, also on panic (re-raised). A deadlock or serialization
+// failure (SQLSTATE 40P01, 40001), or an error opts.Retryable accepts, rolls
+// back and runs the whole transaction again under opts.Retry: an aborted
+// PostgreSQL transaction cannot go on, so nothing short of a fresh one can
+// succeed.
+//
+// The COMMIT or ROLLBACK is waited for as long as the server takes to answer,
+// so Run never returns while the server still holds the transaction's locks,
+// but at most opts.FinishTimeout: a network that went silent (a partition, a
+// frozen peer) would otherwise hold Run until the kernel gives up on the
+// connection, a quarter of an hour. When the bound passes, Run returns an
+// error matching [context.DeadlineExceeded] (after a COMMIT: it may or may not
+// have been applied), and the connection is abandoned: closed at once by a
+// driver that watches the transaction's context (pgx), or left to the driver
+// until its call returns (lib/pq). The server rolls back a transaction whose
+// COMMIT it never got, and lets go of its locks, once it notices the session
+// is gone (its tcp_keepalives_* and idle_in_transaction_session_timeout
+// settings).
+//
+// In a transaction someone else owns, fn runs once, Run neither commits nor
+// rolls back, and errors are returned for the owner to handle: only it can
+// run its transaction again from the start.
+func Run(ctx context.Context, db contend.DBTX, opts Options, fn func(ctx context.Context, tx contend.DBTX) error) (attempts int, err error) {
+	h, err := Resolve(ctx, db)
+	if err != nil {
+		return 0, err
 	}
 	if fn == nil {
 		return 0, fmt.Errorf("nil fn: %w", contend.ErrInvalid)
 	}
-	b, ok := db.(Beginner)
-	if !ok {
+	if !h.Owned() {
 		if err := context.Cause(ctx); err != nil {
 			return 0, err
 		}
-		return 1, fn(contend.WithQuerier(ctx, db), db)
+		return 1, fn(contend.WithQuerier(ctx, h.Tx), h.Tx)
 	}
 	retryable := func(err error) bool {
 		return sqlerr.Retryable(err) || (opts.Retryable != nil && opts.Retryable(err))
 	}
 	return opts.Retry.Do(ctx, func(ctx context.Context) error {
-		return once(ctx, b, opts.Tx, fn)
+		return once(ctx, h.Pool, opts, fn)
 	}, retryable)
 }
 
@@ -78,45 +183,105 @@ type conner interface {
 // database/sql rolls back a transaction whose ctx ends on a goroutine of its
 // own and lets the caller go on at once: a guard could return, and its
 // caller try the key again, before the server had let go of the
-// transaction's locks. So the transaction is begun without ctx's
-// cancellation and rolled back here, before once returns. The wait for a
-// connection and fn's statements still end with ctx, and a transaction
-// whose ctx ended while fn ran is rolled back, not committed.
-func once(ctx context.Context, b Beginner, txOpts *sql.TxOptions, fn func(context.Context, contend.DBTX) error) (err error) {
+// transaction's locks. So the transaction is begun on a context of its own,
+// which ctx's end does not cancel once the transaction has begun, and rolled
+// back here, before once returns. The wait for a connection, BEGIN and fn's
+// statements still end with ctx, and a transaction whose ctx ended while fn
+// ran is rolled back, not committed.
+func once(ctx context.Context, b Beginner, opts Options, fn func(context.Context, contend.DBTX) error) (err error) {
+	var conn *sql.Conn
 	if p, ok := b.(conner); ok {
-		conn, err := p.Conn(ctx)
-		if err != nil {
+		if conn, err = p.Conn(ctx); err != nil {
 			return err
 		}
-		defer conn.Close()
 		b = conn
 	}
-	if err := context.Cause(ctx); err != nil {
-		return err
-	}
-	tx, err := b.BeginTx(context.WithoutCancel(ctx), txOpts)
+	// txCtx is cancelled when ctx ends during BEGIN, and when a COMMIT or
+	// ROLLBACK outlives its bound: drivers that watch it (pgx) then close the
+	// connection instead of waiting for an answer.
+	txCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	e := ender{conn: conn, abandon: abandon, bound: opts.FinishTimeout}
+	stopWatching := context.AfterFunc(ctx, abandon)
+	tx, err := b.BeginTx(txCtx, opts.Tx)
+	begun := stopWatching()
 	if err != nil {
+		e.release()
+		if !begun {
+			return errors.Join(context.Cause(ctx), err)
+		}
 		return err
 	}
-	committed := false
+	ended := false
 	defer func() {
-		if committed {
+		if ended {
 			return
 		}
 		// Runs on error and on panic alike.
-		if rerr := tx.Rollback(); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
-			err = errors.Join(err, fmt.Errorf("rollback: %w", rerr))
+		if rerr := e.end("rollback", tx.Rollback); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+			err = errors.Join(err, rerr)
 		}
 	}()
+	if !begun {
+		// ctx ended during BEGIN: database/sql is rolling the transaction
+		// back already, and the deferred rollback waits for that.
+		return context.Cause(ctx)
+	}
 	if err := fn(contend.WithQuerier(ctx, tx), tx); err != nil {
 		return err
 	}
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	if err := tx.Commit(); err != nil {
-		return err
+	ended = true
+	return e.end("commit", tx.Commit)
+}
+
+// ender ends a transaction once begun: its COMMIT or ROLLBACK, then the
+// connection given back, within a bound kept by a timer.
+type ender struct {
+	conn    *sql.Conn // nil when the transaction was begun on the caller's handle
+	abandon context.CancelFunc
+	bound   time.Duration
+}
+
+func (e ender) release() {
+	if e.conn != nil {
+		// The pool discards a connection the driver reported broken.
+		_ = e.conn.Close()
 	}
-	committed = true
-	return nil
+	e.abandon()
+}
+
+// end runs call, tx.Commit or tx.Rollback, and waits for it at most e.bound.
+func (e ender) end(op string, call func() error) error {
+	bound := e.bound
+	if bound <= 0 {
+		bound = DefaultFinishTimeout
+	}
+	return Within(op, bound, func() error {
+		err := call()
+		e.release()
+		return err
+	}, e.abandon)
+}
+
+// Within runs call on a goroutine of its own and returns its error, or,
+// once bound has passed without an answer, calls giveUp and returns an
+// error matching [context.DeadlineExceeded] that names op. call then goes on
+// alone until the network call in it returns; giveUp should make that soon
+// (cancel the context it runs under). It is for the steps a guard must
+// finish after fn, even when ctx has ended: they cannot end with ctx, and
+// must not outlast it by more than a stated bound.
+func Within(op string, bound time.Duration, call func() error, giveUp func()) error {
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		giveUp()
+		return fmt.Errorf("%s: no answer from the server within %v, the outcome is unknown: %w", op, bound, context.DeadlineExceeded)
+	}
 }
