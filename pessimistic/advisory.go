@@ -26,6 +26,10 @@ type AdvisoryConfig struct {
 	// with a deadlock or a serialization failure. Default: contend.Retry's
 	// defaults.
 	Retry contend.Retry
+	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
+	// transaction the guard owns, as [Config.FinishTimeout] does. Default:
+	// 5s.
+	FinishTimeout time.Duration
 }
 
 // Advisory locks keys that have no row (a report period, an external
@@ -67,7 +71,7 @@ func NewAdvisory(db contend.DBTX, cfg AdvisoryConfig) (*Advisory, error) {
 	if cfg.Mode != Wait && cfg.Mode != NoWait {
 		return nil, fmt.Errorf("pessimistic: advisory locks take mode wait or NOWAIT, not %v: %w", cfg.Mode, contend.ErrInvalid)
 	}
-	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.Isolation, cfg.Retry)
+	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry)
 	if err != nil {
 		return nil, err
 	}

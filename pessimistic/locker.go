@@ -76,6 +76,16 @@ type Config struct {
 	// with a deadlock or a serialization failure. Default: contend.Retry's
 	// defaults.
 	Retry contend.Retry
+	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
+	// transaction the locker owns. The server's answer is waited for, so
+	// that a call never returns while the server still holds its locks, but
+	// a network that went silent would hold the call until the kernel gives
+	// up on the connection. When the bound passes, the call returns an error
+	// matching [context.DeadlineExceeded] (after a COMMIT the outcome is
+	// unknown) and abandons the connection; the server rolls back a
+	// transaction whose COMMIT it never got once it notices the session is
+	// gone. Default: 5s.
+	FinishTimeout time.Duration
 	// ClaimWhere, when set, restricts the rows [Locker.Claim] takes, as a SQL
 	// condition on Table such as "status = 'pending'". It is pasted into the
 	// statement as written, so it must come from the program, never from
@@ -140,7 +150,7 @@ func New(db contend.DBTX, cfg Config) (*Locker, error) {
 	if cfg.Mode != Wait && cfg.Mode != NoWait && cfg.Mode != SkipLocked {
 		return nil, fmt.Errorf("pessimistic: unknown mode %v: %w", cfg.Mode, contend.ErrInvalid)
 	}
-	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.Isolation, cfg.Retry)
+	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry)
 	if err != nil {
 		return nil, err
 	}

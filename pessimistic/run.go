@@ -57,14 +57,17 @@ type runner struct {
 	setTimeout string
 }
 
-func newRunner(db contend.DBTX, mode Mode, timeout time.Duration, isolation sql.IsolationLevel, retry contend.Retry) (runner, error) {
-	if db == nil {
-		return runner{}, fmt.Errorf("pessimistic: nil db: %w", contend.ErrInvalid)
+func newRunner(db contend.DBTX, mode Mode, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry) (runner, error) {
+	if err := txn.Check(db); err != nil {
+		return runner{}, fmt.Errorf("pessimistic: %w", err)
 	}
 	if timeout < 0 {
 		return runner{}, fmt.Errorf("pessimistic: lock timeout %v is negative: %w", timeout, contend.ErrInvalid)
 	}
-	r := runner{db: db, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry}}
+	if finish < 0 {
+		return runner{}, fmt.Errorf("pessimistic: finish timeout %v is negative: %w", finish, contend.ErrInvalid)
+	}
+	r := runner{db: db, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry, FinishTimeout: finish}}
 	if isolation != sql.LevelDefault {
 		r.opts.Tx = &sql.TxOptions{Isolation: isolation}
 	}
@@ -88,13 +91,12 @@ func timeoutMillis(d time.Duration) int64 {
 // start on deadlock and serialization failure. what names the locked keys
 // in errors; it is called only when there is an error to report.
 func (r *runner) run(ctx context.Context, what func() string, lock, fn func(context.Context, contend.DBTX) error) error {
-	db := r.db
-	if _, ok := db.(txn.Beginner); ok {
-		db = contend.Querier(ctx, db)
+	h, err := txn.Resolve(ctx, r.db)
+	if err != nil {
+		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
-	_, owned := db.(txn.Beginner)
-	_, err := txn.Run(ctx, db, r.opts, func(ctx context.Context, tx contend.DBTX) error {
-		if err := r.lock(ctx, tx, owned, lock); err != nil {
+	_, err = txn.Run(ctx, r.db, r.opts, func(ctx context.Context, tx contend.DBTX) error {
+		if err := r.lock(ctx, tx, h.Owned(), lock); err != nil {
 			return r.classify(ctx, what, err)
 		}
 		return fn(ctx, tx)
@@ -110,10 +112,13 @@ func (r *runner) run(ctx context.Context, what func() string, lock, fn func(cont
 }
 
 // lock runs lock under the configured lock timeout. In a transaction of its
-// own the timeout is set for the whole transaction, fn's statements included;
-// in a caller's transaction it covers this lock only and the caller's setting
-// is put back after it, so the locker leaves no setting behind in a
-// transaction it does not own.
+// own the timeout is set for the whole transaction, fn's statements included
+// (SET LOCAL: it ends with the transaction). In a caller's transaction it
+// covers this lock only: the caller's setting is put back after it, whether
+// the lock was had or not, so the locker leaves no setting behind in a
+// transaction it does not own. Only a lock the server answered with an error
+// skips that: the error aborted the transaction, and the rollback the caller
+// must make (to a savepoint or of the whole transaction) undoes the setting.
 func (r *runner) lock(ctx context.Context, tx contend.DBTX, owned bool, lock func(context.Context, contend.DBTX) error) error {
 	if r.setTimeout == "" {
 		return lock(ctx, tx)
@@ -130,13 +135,14 @@ func (r *runner) lock(ctx context.Context, tx contend.DBTX, owned bool, lock fun
 	if err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
-	if err := lock(ctx, tx); err != nil {
+	err = lock(ctx, tx)
+	if sqlerr.Code(err) != "" {
 		return err
 	}
-	if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, prev); err != nil {
-		return fmt.Errorf("restore lock_timeout: %w", err)
+	if _, rerr := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, prev); rerr != nil {
+		return errors.Join(err, fmt.Errorf("restore lock_timeout: %w", rerr))
 	}
-	return nil
+	return err
 }
 
 // classify turns a failed lock into the error the caller branches on.
