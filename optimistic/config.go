@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqlident"
@@ -30,6 +31,15 @@ type Config struct {
 	// contend.Retry's defaults: 10 attempts, full jitter from 2ms up to
 	// 500ms.
 	Retry contend.Retry
+	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
+	// transaction a [Guard] owns. The server's answer is waited for, but a
+	// network that went silent would hold Do until the kernel gives up on
+	// the connection. When the bound passes, Do returns an error matching
+	// [context.DeadlineExceeded] (after a COMMIT the outcome is unknown) and
+	// abandons the connection; the server rolls back a transaction whose
+	// COMMIT it never got once it notices the session is gone. A Store
+	// begins no transactions and ignores it. Default: 5s.
+	FinishTimeout time.Duration
 	// Observe, when set, is called once at the end of every [Store.Update]
 	// and [Guard.Do] with the key, the number of attempts made (each one a
 	// read, a run of fn and a version-checked write; 1 when nobody raced)

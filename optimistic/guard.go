@@ -47,13 +47,23 @@ type Guard struct {
 
 var _ contend.Guard = (*Guard)(nil)
 
-// NewGuard validates cfg and builds the guard's statements. It fails with an
-// error matching [contend.ErrInvalid] when db is nil or a name is not a plain
-// identifier. db should be a pool (anything with BeginTx): on a transaction,
-// Do runs fn once inside it and leaves retrying to its owner.
+// NewGuard validates cfg and builds the guard's statements. db is a pool (a
+// [*sql.DB], [*sql.Conn], sqlx's DB, or anything with BeginTx(ctx,
+// *sql.TxOptions) (*sql.Tx, error)), on which Do begins a transaction per
+// attempt, or a transaction the caller owns ([*sql.Tx], sqlx's Tx), in which
+// Do runs fn once and leaves retrying to the owner. It fails with an error
+// matching [contend.ErrInvalid] when db is nil or of another kind (a wrapper
+// with only [contend.DBTX]'s methods could be either), or when a name is not
+// a plain identifier.
+//
+// On a pool, a Do whose ctx carries a transaction (fn of another SQL guard)
+// joins it, as on a transaction the caller owns.
 func NewGuard(db contend.DBTX, cfg Config) (*Guard, error) {
-	if db == nil {
-		return nil, fmt.Errorf("optimistic: nil db: %w", contend.ErrInvalid)
+	if err := txn.Check(db); err != nil {
+		return nil, fmt.Errorf("optimistic: %w", err)
+	}
+	if cfg.FinishTimeout < 0 {
+		return nil, fmt.Errorf("optimistic: finish timeout %v is negative: %w", cfg.FinishTimeout, contend.ErrInvalid)
 	}
 	n, err := cfg.names()
 	if err != nil {
@@ -61,7 +71,7 @@ func NewGuard(db contend.DBTX, cfg Config) (*Guard, error) {
 	}
 	return &Guard{
 		db:      db,
-		opts:    txn.Options{Retry: cfg.Retry, Retryable: isMoved},
+		opts:    txn.Options{Retry: cfg.Retry, Retryable: isMoved, FinishTimeout: cfg.FinishTimeout},
 		observe: cfg.Observe,
 		readSQL: fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key),
 		bumpSQL: fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = $1 AND %s = $2", n.table, n.version, n.version, n.key, n.version),
@@ -128,8 +138,14 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	if err == errMoved {
 		// txn.Run returns the last attempt's error itself when the attempts
 		// ran out (and wraps it when ctx ended first). The row may also have
-		// been deleted while fn ran; that is not a lost race.
-		err = g.conflictOrGone(ctx, key, attempts)
+		// been deleted while fn ran; that is not a lost race. Inside a
+		// transaction someone else owns, the probe runs there: on the pool
+		// it could wait for a row that transaction holds.
+		q := g.db
+		if h, herr := txn.Resolve(ctx, g.db); herr == nil && !h.Owned() {
+			q = h.Tx
+		}
+		err = g.conflictOrGone(ctx, q, key, attempts)
 	}
 	if g.observe != nil {
 		g.observe(key, attempts, err)
@@ -137,9 +153,9 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	return err
 }
 
-func (g *Guard) conflictOrGone(ctx context.Context, key string, attempts int) error {
+func (g *Guard) conflictOrGone(ctx context.Context, q contend.DBTX, key string, attempts int) error {
 	var version int64
-	switch err := scanRow(ctx, g.db, g.readSQL, []any{key}, &version); {
+	switch err := scanRow(ctx, q, g.readSQL, []any{key}, &version); {
 	case errors.Is(err, sql.ErrNoRows):
 		return fmt.Errorf("optimistic: do %q: %w", key, contend.ErrNotFound)
 	case err != nil:

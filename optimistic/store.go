@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/txn"
 )
 
 // A Store reads and writes rows of one table as values of the struct type T,
@@ -60,14 +61,14 @@ type Store[T any] struct {
 }
 
 // NewStore validates cfg and T's mapping and builds the store's statements.
-// It fails with an error matching [contend.ErrInvalid] when db is nil, T is
-// not a struct, T lacks a field for the key or version column, the version
+// It fails with an error matching [contend.ErrInvalid] when db is nil or
+// neither a pool nor a transaction (see [NewGuard]), T is not a struct, T lacks a field for the key or version column, the version
 // field is not an integer, or a name is not a plain identifier. It sends
 // nothing to the database: a table or column that does not exist shows at the
 // first call.
 func NewStore[T any](db contend.DBTX, cfg Config) (*Store[T], error) {
-	if db == nil {
-		return nil, fmt.Errorf("optimistic: nil db: %w", contend.ErrInvalid)
+	if err := txn.Check(db); err != nil {
+		return nil, fmt.Errorf("optimistic: %w", err)
 	}
 	n, err := cfg.names()
 	if err != nil {
@@ -167,6 +168,10 @@ func (s *Store[T]) Insert(ctx context.Context, v *T) error {
 // write, fn included: keep fn quick (the longer it runs, the likelier another
 // writer gets in first anyway).
 //
+// Inside a transaction (the Store's db is one, or ctx carries a guard's),
+// Update makes one attempt and never retries: a lost race is returned at
+// once, for the transaction's owner to run it again from the start.
+//
 // Update returns the value as written, carrying its new version. It returns
 // fn's error unchanged, having written nothing, when fn fails; an error
 // matching [contend.ErrNotFound] when there is no row for key (also when it
@@ -181,9 +186,20 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 	if fn == nil {
 		return out, fmt.Errorf("optimistic: update %v: nil fn: %w", key, contend.ErrInvalid)
 	}
-	q := contend.Querier(ctx, s.db)
+	h, err := txn.Resolve(ctx, s.db)
+	if err != nil {
+		return out, fmt.Errorf("optimistic: update %v: %w", key, err)
+	}
+	q, retry := s.db, s.retry
+	if !h.Owned() {
+		// Inside a transaction someone else owns a retry cannot succeed
+		// where the owner's would not (under REPEATABLE READ it reads the
+		// same snapshot again), and its backoff would sleep while holding
+		// the owner's locks: the owner runs its transaction again instead.
+		q, retry = h.Tx, contend.Retry{MaxAttempts: 1}
+	}
 	var version int64 // of the last attempt's read
-	attempts, err := s.retry.Do(ctx, func(ctx context.Context) error {
+	attempts, err := retry.Do(ctx, func(ctx context.Context) error {
 		q := q
 		if p, ok := q.(pool); ok {
 			// One connection for the read and the write: taking one from a
