@@ -66,7 +66,7 @@ func (h Handle) Owned() bool { return h.Tx == nil }
 // autocommit: a lock would end with the statement that took it and fn would
 // run unlocked.
 func Check(db contend.DBTX) error {
-	_, err := kind(db)
+	_, err := Classify(db)
 	return err
 }
 
@@ -82,7 +82,9 @@ func IsNil(db contend.DBTX) bool {
 	return false
 }
 
-func kind(db contend.DBTX) (Handle, error) {
+// Classify says whether db is a transaction to run in or a pool to begin
+// on, or, with an error matching [contend.ErrInvalid], neither (see [Check]).
+func Classify(db contend.DBTX) (Handle, error) {
 	if IsNil(db) {
 		return Handle{}, fmt.Errorf("nil db: %w", contend.ErrInvalid)
 	}
@@ -103,23 +105,31 @@ func kind(db contend.DBTX) (Handle, error) {
 // transaction and the server sees, and breaks, any deadlock between their
 // locks; with none, the guard begins its own on the pool.
 func Resolve(ctx context.Context, db contend.DBTX) (Handle, error) {
-	h, err := kind(db)
+	h, err := Classify(db)
 	if err != nil || !h.Owned() {
 		return h, err
 	}
-	outer := contend.Querier(ctx, nil)
-	if outer == nil {
-		return h, nil
+	outer, err := Outer(ctx)
+	if err != nil || outer == nil {
+		return h, err
 	}
-	o, err := kind(outer)
+	return Handle{Tx: outer}, nil
+}
+
+// Outer returns the transaction ctx carries ([contend.WithQuerier]), or nil
+// when it carries none, or a pool. A querier of unknown kind gives an error
+// matching [contend.ErrInvalid].
+func Outer(ctx context.Context) (contend.DBTX, error) {
+	q := contend.Querier(ctx, nil)
+	if q == nil {
+		return nil, nil
+	}
+	h, err := Classify(q)
 	if err != nil {
-		return Handle{}, fmt.Errorf("the querier ctx carries: %w", err)
+		return nil, fmt.Errorf("the querier ctx carries: %w", err)
 	}
-	if o.Owned() {
-		// A pool put in ctx with contend.WithQuerier: no transaction to join.
-		return h, nil
-	}
-	return o, nil
+	// A pool put in ctx with contend.WithQuerier has no transaction to join.
+	return h.Tx, nil
 }
 
 // Run runs fn inside a transaction and returns the number of attempts and
