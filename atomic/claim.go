@@ -5,12 +5,14 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/token"
+	"github.com/contend/contend/internal/txn"
 )
 
 // DB is what a [Claimer] needs of a database handle: [*sql.DB] and sqlx's DB
@@ -41,14 +43,19 @@ type ClaimConfig struct {
 	// extends it every Lease/3 while fn runs. The deadline is computed by the
 	// database's clock, so instances' clocks need not agree. Default: 30s.
 	Lease time.Duration
+	// FinishTimeout bounds the release [Claimer.Do] makes after fn, which
+	// it makes even when ctx has ended. When the bound passes without an
+	// answer (a network gone silent), Do returns an error matching
+	// [context.DeadlineExceeded] and the claim may still be held: until its
+	// lease passes, or, without a lease column, until cleared. Default: 5s.
+	FinishTimeout time.Duration
 }
 
-// DefaultLease is the default of [ClaimConfig.Lease].
-const DefaultLease = 30 * time.Second
-
-// releaseTimeout bounds the release that Do makes after fn, which must happen
-// even when the caller's ctx has already ended.
-const releaseTimeout = 5 * time.Second
+// Defaults of [ClaimConfig].
+const (
+	DefaultLease         = 30 * time.Second
+	DefaultFinishTimeout = txn.DefaultFinishTimeout
+)
 
 // A Claimer claims keys by filling an owner column where it is empty: one
 // conditional UPDATE, so of any number of concurrent claims on a key, in any
@@ -66,10 +73,17 @@ const releaseTimeout = 5 * time.Second
 // never a wait. fn runs at most once per call and never in a transaction of
 // the claimer's ([contend.Querier] gives fn the db it passes).
 //
+// Every method joins the transaction ctx carries (fn of a SQL guard), as
+// every SQL guard of this module does, so a claim nested in a row lock's fn
+// never waits for a lock its own goroutine holds; see [Claimer.Do] for what
+// a claim means inside a transaction.
+//
 // A Claimer is safe for simultaneous use by multiple goroutines. Close
 // releases its prepared statements; it never closes the db it was given.
 type Claimer struct {
-	lease time.Duration // 0 without a lease column
+	lease  time.Duration // 0 without a lease column
+	finish time.Duration
+	onTx   bool // built on a transaction, where its statements are prepared
 
 	claim   *sql.Stmt // $1 key, $2 token [, $3 lease µs] → claimed, exists
 	release *sql.Stmt // $1 key, $2 token
@@ -83,7 +97,7 @@ var _ contend.Guard = (*Claimer)(nil)
 // fails when a name is not a plain identifier or when the statements do not
 // prepare (no such table or column).
 func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
-	if db == nil {
+	if txn.IsNil(db) {
 		return nil, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
 	}
 	if cfg.KeyColumn == "" {
@@ -97,6 +111,12 @@ func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
 	}
 	if cfg.Lease == 0 {
 		cfg.Lease = DefaultLease
+	}
+	if cfg.FinishTimeout < 0 {
+		return nil, fmt.Errorf("atomic: finish timeout %v is negative: %w", cfg.FinishTimeout, contend.ErrInvalid)
+	}
+	if cfg.FinishTimeout == 0 {
+		cfg.FinishTimeout = DefaultFinishTimeout
 	}
 	table, err := sqlident.Quote("atomic: table", cfg.Table)
 	if err != nil {
@@ -117,7 +137,8 @@ func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
 	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s IS NULL`, table, owner, key, owner)
 	releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)
 	var extendSQL string
-	c := &Claimer{}
+	h, _ := txn.Classify(db)
+	c := &Claimer{finish: cfg.FinishTimeout, onTx: !h.Owned()}
 	if cfg.LeaseColumn != "" {
 		lease, err := sqlident.Quote("atomic: lease column", cfg.LeaseColumn)
 		if err != nil {
@@ -197,8 +218,12 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 	if c.lease > 0 {
 		args = append(args, c.lease.Microseconds())
 	}
+	claim, _, err := c.stmt(ctx, c.claim)
+	if err != nil {
+		return fmt.Errorf("atomic: claim %q: %w", key, err)
+	}
 	var claimed, exists bool
-	switch err := c.claim.QueryRowContext(ctx, args...).Scan(&claimed, &exists); {
+	switch err := claim.QueryRowContext(ctx, args...).Scan(&claimed, &exists); {
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	case claimed:
@@ -216,7 +241,7 @@ func (c *Claimer) Release(ctx context.Context, key, token string) (released bool
 	if err := checkKey("release", key); err != nil {
 		return false, err
 	}
-	released, err = stmtApplied(ctx, c.release, key, token)
+	released, err = c.applied(ctx, c.release, key, token)
 	if err != nil {
 		return false, fmt.Errorf("atomic: release %q: %w", key, err)
 	}
@@ -233,7 +258,7 @@ func (c *Claimer) Extend(ctx context.Context, key, token string) (extended bool,
 	if c.extend == nil {
 		return false, fmt.Errorf("atomic: extend %q: claimer has no lease column: %w", key, contend.ErrInvalid)
 	}
-	extended, err = stmtApplied(ctx, c.extend, key, token, c.lease.Microseconds())
+	extended, err = c.applied(ctx, c.extend, key, token, c.lease.Microseconds())
 	if err != nil {
 		return false, fmt.Errorf("atomic: extend %q: %w", key, err)
 	}
@@ -246,11 +271,35 @@ func (c *Claimer) Extend(ctx context.Context, key, token string) (extended bool,
 // held. With a lease column the lease is extended while fn runs; if it is lost
 // (taken over after an extension failed, or cleared by hand), fn's ctx is
 // cancelled with cause [contend.ErrLockLost] and Do's error matches it too.
+//
+// The release waits for the server's answer at most
+// [ClaimConfig.FinishTimeout], even after ctx has ended.
+//
+// Inside a transaction (the Claimer was built on one, or ctx carries a SQL
+// guard's), the claim, fn and the release all run in it: the claim is the
+// transaction's row lock until it ends, so it needs no lease extension, and
+// a concurrent claim of the key in another transaction waits for that one to
+// end rather than failing at once. Others see the claim only if the
+// transaction commits, which after the release leaves the key free.
 func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Context) error) (err error) {
+	if err := checkKey("do", key); err != nil {
+		return err
+	}
+	if fn == nil {
+		return fmt.Errorf("atomic: do %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	outer, err := txn.Outer(ctx)
+	if err != nil {
+		return fmt.Errorf("atomic: do %q: %w", key, err)
+	}
+	inTx := c.onTx || outer != nil
 	tok := newToken()
 	began := time.Now()
 	if err := c.ClaimAs(ctx, key, tok); err != nil {
 		return err
+	}
+	if inTx {
+		return c.doInTx(ctx, key, tok, fn)
 	}
 	runCtx := ctx
 	var hold *keepalive.Hold
@@ -265,11 +314,7 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 		if hold != nil {
 			lost = hold.Stop()
 		}
-		// The caller may have given up (that may be why fn returned), but the
-		// claim must still be released, or the key stays blocked.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		released, rerr := c.Release(rctx, key, tok)
+		released, rerr := c.releaseAfter(ctx, key, tok)
 		switch {
 		case rerr != nil:
 			err = errors.Join(err, rerr)
@@ -283,6 +328,37 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 	return fn(runCtx)
 }
 
+// doInTx runs fn and releases in the transaction that made the claim. The
+// release runs even when fn failed or panicked, so that a caller who goes on
+// with the transaction does not commit a claim nobody holds.
+func (c *Claimer) doInTx(ctx context.Context, key, tok string, fn func(ctx context.Context) error) (err error) {
+	defer func() {
+		released, rerr := c.Release(ctx, key, tok)
+		switch {
+		case rerr != nil:
+			err = errors.Join(err, rerr)
+		case !released:
+			err = errors.Join(fmt.Errorf("atomic: claim %q was gone when fn returned: %w", key, contend.ErrLockLost), err)
+		}
+	}()
+	return fn(ctx)
+}
+
+// releaseAfter releases key's claim after fn, on a context of its own (the
+// caller may have given up, which may be why fn returned, but the claim must
+// still be released, or the key stays blocked) and within c.finish, kept by
+// a timer: a driver that does not watch ctx while the network is silent
+// (lib/pq) would otherwise hold Do until the kernel gives up.
+func (c *Claimer) releaseAfter(ctx context.Context, key, tok string) (released bool, err error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.finish)
+	defer cancel()
+	err = txn.Within("atomic: release "+strconv.Quote(key), c.finish, func() (err error) {
+		released, err = c.Release(rctx, key, tok)
+		return err
+	}, cancel)
+	return released, err
+}
+
 func checkKey(op, key string) error {
 	if key == "" {
 		return fmt.Errorf("atomic: %s: empty key: %w", op, contend.ErrInvalid)
@@ -290,7 +366,32 @@ func checkKey(op, key string) error {
 	return nil
 }
 
-func stmtApplied(ctx context.Context, stmt *sql.Stmt, args ...any) (bool, error) {
+// stmt returns s as it runs for ctx: in the transaction ctx carries (fn of
+// a SQL guard) when the claimer is on a pool, so that a claim inside a
+// guard's fn never waits for a row lock its own goroutine holds; else as
+// prepared. inTx reports whether it runs in a transaction.
+func (c *Claimer) stmt(ctx context.Context, s *sql.Stmt) (_ *sql.Stmt, inTx bool, err error) {
+	if c.onTx {
+		return s, true, nil
+	}
+	outer, err := txn.Outer(ctx)
+	if err != nil || outer == nil {
+		return s, false, err
+	}
+	tx, ok := outer.(interface {
+		StmtContext(ctx context.Context, s *sql.Stmt) *sql.Stmt
+	})
+	if !ok {
+		return nil, false, fmt.Errorf("the transaction ctx carries is a %T, which cannot run prepared statements: %w", outer, contend.ErrInvalid)
+	}
+	return tx.StmtContext(ctx, s), true, nil
+}
+
+func (c *Claimer) applied(ctx context.Context, s *sql.Stmt, args ...any) (bool, error) {
+	stmt, _, err := c.stmt(ctx, s)
+	if err != nil {
+		return false, err
+	}
 	res, err := stmt.ExecContext(ctx, args...)
 	if err != nil {
 		return false, err

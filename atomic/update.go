@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/txn"
 )
 
 // Update runs one conditional statement and reports whether it applied: whether
@@ -27,7 +28,7 @@ func Update(ctx context.Context, db contend.DBTX, query string, args ...any) (ap
 // "reserve these n seats". When it affects another number of rows it has still
 // run: call it inside a transaction and roll back when applied is false.
 func UpdateN(ctx context.Context, db contend.DBTX, n int64, query string, args ...any) (applied bool, err error) {
-	if db == nil {
+	if txn.IsNil(db) {
 		return false, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
 	}
 	res, err := db.ExecContext(ctx, query, args...)
@@ -52,7 +53,7 @@ func UpdateN(ctx context.Context, db contend.DBTX, n int64, query string, args .
 // The statement must affect at most one row; with more, the first returned row
 // is scanned and the others are discarded.
 func UpdateReturning(ctx context.Context, db contend.DBTX, dest []any, query string, args ...any) (applied bool, err error) {
-	if db == nil {
+	if txn.IsNil(db) {
 		return false, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
 	}
 	err = db.QueryRowContext(ctx, query, args...).Scan(dest...)
