@@ -46,17 +46,27 @@ const postgresLibDir = "/usr/lib/postgresql"
 // function that shuts it down (fast shutdown, then kill after a few seconds)
 // and removes the directory. stop is idempotent.
 func startPostgres() (url string, stop func() error, err error) {
-	initdb, postgres, err := postgresBinaries()
+	d, err := initPostgres("contend-postgres-")
 	if err != nil {
 		return "", nil, err
+	}
+	return launch(d)
+}
+
+// initPostgres creates a data directory with initdb in a fresh temporary
+// directory named after prefix and returns how to run a server on it.
+func initPostgres(prefix string) (daemon, error) {
+	initdb, postgres, err := postgresBinaries()
+	if err != nil {
+		return daemon{}, err
 	}
 	cred, err := serverCredential()
 	if err != nil {
-		return "", nil, err
+		return daemon{}, err
 	}
-	dir, err := makeDir("contend-postgres-", cred)
+	dir, err := makeDir(prefix, cred)
 	if err != nil {
-		return "", nil, err
+		return daemon{}, err
 	}
 	data := filepath.Join(dir, "data")
 	// --locale=C because the locale in the environment may not be installed,
@@ -67,11 +77,17 @@ func startPostgres() (url string, stop func() error, err error) {
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", nil, errors.Join(
+		return daemon{}, errors.Join(
 			fmt.Errorf("testserver: initdb: %w\n%s", err, strings.TrimSpace(string(out))),
 			removeDir(dir))
 	}
-	return launch(daemon{
+	return postgresDaemon(postgres, dir, data, cred), nil
+}
+
+// postgresDaemon is how startPostgres runs postgres on the data directory
+// data, inside dir.
+func postgresDaemon(postgres, dir, data string, cred *syscall.Credential) daemon {
+	return daemon{
 		name: "postgres",
 		path: postgres,
 		args: func(port int) []string {
@@ -96,7 +112,7 @@ func startPostgres() (url string, stop func() error, err error) {
 		ready: func(ctx context.Context, url string) error {
 			return postgresReady(ctx, url, data)
 		},
-	})
+	}
 }
 
 // startRedis: the same for redis-server ("redis://127.0.0.1:PORT/0"), started

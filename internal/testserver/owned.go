@@ -1,0 +1,93 @@
+package testserver
+
+import (
+	"errors"
+	"net"
+	"path/filepath"
+	"strconv"
+	"testing"
+)
+
+// owned is a throwaway server that belongs to one test, which may stop it
+// and start it again on the same port.
+type owned struct {
+	d    daemon
+	port int
+	p    *process // nil while stopped
+}
+
+// own starts d for t on a free port of 127.0.0.1, stopped and its directory
+// removed when t ends.
+func own(t testing.TB, d daemon) *owned {
+	t.Helper()
+	o := &owned{d: d}
+	t.Cleanup(func() {
+		if err := errors.Join(o.Stop(), removeDir(d.dir)); err != nil {
+			t.Errorf("testserver: owned %s: %v", d.name, err)
+		}
+	})
+	// The port is free when picked but may be taken before the server binds
+	// it; one more port then, as launch does.
+	for attempt := 1; ; attempt++ {
+		var err error
+		if o.port, err = freePort(); err != nil {
+			t.Fatal(err)
+		}
+		if err = o.Start(); err == nil {
+			return o
+		}
+		if attempt == 2 {
+			t.Fatalf("testserver: owned %s: %v", d.name, err)
+		}
+	}
+}
+
+// Addr is the server's host:port; it stays the same across restarts.
+func (o *owned) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(o.port)) }
+
+// URL is the server's URL.
+func (o *owned) URL() string { return o.d.url(o.port) }
+
+// Running reports whether the server is up (as far as this type knows).
+func (o *owned) Running() bool { return o.p != nil }
+
+// Stop shuts the server down and waits for it. Stopping a stopped server
+// does nothing.
+func (o *owned) Stop() error {
+	if o.p == nil {
+		return nil
+	}
+	err := o.p.halt()
+	o.p = nil
+	return err
+}
+
+// Start starts the stopped server again, on the same port, and waits until
+// it answers. Starting a running server does nothing.
+func (o *owned) Start() error {
+	if o.p != nil {
+		return nil
+	}
+	p, err := o.d.start(o.port, filepath.Join(o.d.dir, o.d.name+".log"))
+	if err != nil {
+		return err
+	}
+	exited, err := p.waitReady(o.Addr(), o.URL(), o.d.ready)
+	if err != nil {
+		if !exited {
+			err = errors.Join(err, p.halt())
+		}
+		return err
+	}
+	o.p = p
+	return nil
+}
+
+// Restart stops the server and starts it again on the same port: every
+// connection is dropped.
+func (o *owned) Restart() error {
+	if err := o.Stop(); err != nil {
+		return err
+	}
+	return o.Start()
+}
