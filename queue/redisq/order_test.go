@@ -19,7 +19,7 @@ import (
 func logOf(prefix, key string) string { return prefix + "log:" + key }
 
 // record is the handler of the order tests, on the instance called consumer.
-func record(client *redis.Client, prefix, consumer string) queue.Handler {
+func record(client redis.UniversalClient, prefix, consumer string) queue.Handler {
 	return func(ctx context.Context, job queue.Job) ([]byte, error) {
 		return nil, client.RPush(ctx, logOf(prefix, job.Key), string(job.Payload)+"@"+consumer).Err()
 	}
@@ -30,7 +30,7 @@ func record(client *redis.Client, prefix, consumer string) queue.Handler {
 // redelivery after a hand-over: delivery is at least once). It returns the
 // last sequence number handled per producer and the jobs handled per
 // consumer.
-func requireKeyOrder(t testing.TB, client *redis.Client, prefix, key string) (last, consumers map[string]int) {
+func requireKeyOrder(t testing.TB, client redis.UniversalClient, prefix, key string) (last, consumers map[string]int) {
 	t.Helper()
 	entries, err := client.LRange(t.Context(), logOf(prefix, key), 0, -1).Result()
 	require.NoError(t, err)
@@ -54,7 +54,7 @@ func requireKeyOrder(t testing.TB, client *redis.Client, prefix, key string) (la
 
 // handledLen is how many jobs the order tests' handlers logged for keys,
 // repeats included.
-func handledLen(t testing.TB, client *redis.Client, prefix string, keys []string) int {
+func handledLen(t testing.TB, client redis.UniversalClient, prefix string, keys []string) int {
 	n := 0
 	for _, k := range keys {
 		n += int(client.LLen(t.Context(), logOf(prefix, k)).Val())

@@ -99,6 +99,11 @@ type Config struct {
 	// ReplyTTL is how long answers wait in Redis for an instance that
 	// submitted jobs and died. Default: 1m.
 	ReplyTTL time.Duration
+	// DeadLetterLimit bounds each partition's dead-letter stream: past it,
+	// the oldest dead letters are dropped. Redis trims whole nodes of a
+	// stream, so a stream may hold up to about a hundred more. Default:
+	// 10000.
+	DeadLetterLimit int64
 }
 
 // Defaults of [Config].
@@ -107,6 +112,8 @@ const (
 	DefaultMaxBatch = 100
 	DefaultLeaseTTL = 5 * time.Second
 	DefaultReplyTTL = time.Minute
+
+	DefaultDeadLetterLimit = 10000
 )
 
 // poll bounds a blocking read, so that a worker notices Close and a lost
@@ -125,8 +132,8 @@ func (c Config) validate(needHandler bool) (Config, error) {
 		return c, fmt.Errorf("redisq: both Handler and BatchHandler set: %w", contend.ErrInvalid)
 	case needHandler && c.Handler == nil && c.BatchHandler == nil:
 		return c, fmt.Errorf("redisq: nil handler: %w", contend.ErrInvalid)
-	case c.MaxBatch < 0 || c.LeaseTTL < 0 || c.ReplyTTL < 0:
-		return c, fmt.Errorf("redisq: negative MaxBatch, LeaseTTL or ReplyTTL: %w", contend.ErrInvalid)
+	case c.MaxBatch < 0 || c.LeaseTTL < 0 || c.ReplyTTL < 0 || c.DeadLetterLimit < 0:
+		return c, fmt.Errorf("redisq: negative MaxBatch, LeaseTTL, ReplyTTL or DeadLetterLimit: %w", contend.ErrInvalid)
 	}
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix
@@ -139,6 +146,9 @@ func (c Config) validate(needHandler bool) (Config, error) {
 	}
 	if c.ReplyTTL == 0 {
 		c.ReplyTTL = DefaultReplyTTL
+	}
+	if c.DeadLetterLimit == 0 {
+		c.DeadLetterLimit = DefaultDeadLetterLimit
 	}
 	return c, nil
 }
@@ -291,7 +301,13 @@ func (q *Queue) listen(ctx context.Context) {
 		answer, ok := q.waiting[id]
 		q.mu.Unlock()
 		if ok {
-			answer <- a // buffered, and each id is answered once
+			// Only the first answer is taken: delivery is at least once, so
+			// a job may be answered again, and the submitter may be gone
+			// already; waiting for it would hold up every later answer.
+			select {
+			case answer <- a:
+			default:
+			}
 		}
 	}
 }
@@ -687,37 +703,51 @@ func (q *Queue) observe(kind queue.EventKind, p int, job queue.Job, err error) {
 	}
 }
 
-// finish answers, dead-letters (on err) and acknowledges ds. The dead
-// letter and the answer are written before the acknowledgement, so a crash
-// in between duplicates them rather than losing the job.
+// finish dead-letters (on err), answers and acknowledges ds, in that order
+// and in steps of their own: a Cluster runs a transaction on one slot only,
+// and a reply list is on a slot of its own. In this order a submitter told
+// its job was dead-lettered finds it in the dead-letter stream, and a crash
+// or a failure between two steps makes the next owner run the jobs again,
+// which dead-letters or answers them twice (the submitter takes the first
+// answer); it never loses a job, nor acknowledges one whose answer was not
+// written.
 func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queue.Result, err error) bool {
 	ids := make([]string, len(ds))
-	pipe := q.cfg.Redis.TxPipeline()
+	dead := q.cfg.Redis.Pipeline()
+	replies := q.cfg.Redis.Pipeline()
 	for i, d := range ds {
 		ids[i] = d.msg.ID
 		r := queue.Result{Err: err}
 		if err == nil {
 			r = results[i]
 		} else {
-			pipe.XAdd(ctx, &redis.XAddArgs{Stream: q.DeadLetters(p), Values: []any{
+			dead.XAdd(ctx, &redis.XAddArgs{Stream: q.DeadLetters(p), MaxLen: q.cfg.DeadLetterLimit, Approx: true, Values: []any{
 				"key", d.job.Key, "payload", d.job.Payload, "id", d.msg.ID,
 				"attempts", d.job.Attempt, "error", err.Error(),
 			}})
 		}
 		if reply, ok := d.msg.Values["reply"].(string); ok {
 			req, _ := d.msg.Values["request"].(string)
-			pipe.LPush(ctx, reply, req+"|"+encodeAnswer(r))
-			pipe.PExpire(ctx, reply, q.cfg.ReplyTTL)
+			replies.LPush(ctx, reply, req+"|"+encodeAnswer(r))
+			replies.PExpire(ctx, reply, q.cfg.ReplyTTL)
 		}
 	}
 	stream := q.stream(p)
-	pipe.XAck(ctx, stream, group, ids...)
+	ack := q.cfg.Redis.TxPipeline()
+	ack.XAck(ctx, stream, group, ids...)
 	// Trim below the lowest unacknowledged entry, never by length: one
 	// owner handles the partition in order, so everything up to the last
 	// acknowledged id is done.
-	pipe.XTrimMinID(ctx, stream, ids[len(ids)-1])
-	_, perr := pipe.Exec(ctx)
-	return perr == nil
+	ack.XTrimMinID(ctx, stream, ids[len(ids)-1])
+	for _, step := range []redis.Pipeliner{dead, replies, ack} {
+		if step.Len() == 0 {
+			continue
+		}
+		if _, err := step.Exec(ctx); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 func toJob(m redis.XMessage, attempt int) queue.Job {

@@ -26,7 +26,7 @@ var fast = contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond, MaxDelay: 
 
 // instance builds a queue on client/prefix and, when it has a handler, runs
 // it until t ends.
-func instance(t testing.TB, client *redis.Client, prefix string, cfg redisq.Config) *redisq.Queue {
+func instance(t testing.TB, client redis.UniversalClient, prefix string, cfg redisq.Config) *redisq.Queue {
 	t.Helper()
 	cfg.Redis, cfg.Prefix = client, prefix
 	if cfg.Partitions == 0 {
@@ -72,9 +72,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	require.NoError(t, q.Close(t.Context()))
 }
 
-func TestSubmitAcrossInstances(t *testing.T) {
-	t.Parallel()
-	client, prefix := testserver.Redis(t)
+func testSubmit(t *testing.T, client redis.UniversalClient, prefix string) {
 	instance(t, client, prefix, redisq.Config{Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
 		if string(job.Payload) == "fail" {
 			return nil, errors.New("no such thing")
@@ -86,18 +84,20 @@ func TestSubmitAcrossInstances(t *testing.T) {
 		return []byte(job.Key + ":" + string(job.Payload)), nil
 	}, Retry: fast})
 	producer := instance(t, client, prefix, redisq.Config{})
-	got, err := producer.Submit(t.Context(), "sku-1", []byte("buy"))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	got, err := producer.Submit(ctx, "sku-1", []byte("buy"))
 	require.NoError(t, err)
 	require.Equal(t, "sku-1:buy", string(got))
 
-	_, err = producer.Submit(t.Context(), "sku-1", []byte("fail"))
+	_, err = producer.Submit(ctx, "sku-1", []byte("fail"))
 	require.ErrorIs(t, err, redisq.ErrRemote)
 	require.ErrorContains(t, err, "no such thing")
 	n, err := client.XLen(t.Context(), producer.DeadLetters(producer.Partition("sku-1"))).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "the failed job is in the dead-letter stream")
 
-	got, err = producer.Submit(t.Context(), "sku-1", []byte("after"))
+	got, err = producer.Submit(ctx, "sku-1", []byte("after"))
 	require.NoError(t, err, "the key moves on after a dead letter")
 	require.Equal(t, "sku-1:after", string(got))
 }
@@ -105,9 +105,7 @@ func TestSubmitAcrossInstances(t *testing.T) {
 // Three consumer instances, four producers: each key's jobs are handled one
 // at a time and in each producer's order, whichever instance holds the
 // partition.
-func TestOrderPerKeyAcrossInstances(t *testing.T) {
-	t.Parallel()
-	client, prefix := testserver.Redis(t)
+func testOrderPerKey(t *testing.T, client redis.UniversalClient, prefix string) {
 	const producers, keys, jobs = 4, 12, 15
 	var order workload.KeyOrder
 	done := make(chan struct{})
@@ -133,9 +131,7 @@ func TestOrderPerKeyAcrossInstances(t *testing.T) {
 
 // Entries a dead owner read and never acknowledged are redelivered by the
 // next owner, in order, before new ones.
-func TestRedeliversPendingInOrder(t *testing.T) {
-	t.Parallel()
-	client, prefix := testserver.Redis(t)
+func testRedeliversPending(t *testing.T, client redis.UniversalClient, prefix string) {
 	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
 	for i := range 5 {
 		require.NoError(t, producer.Enqueue(t.Context(), "k", []byte(strconv.Itoa(i))))
@@ -178,9 +174,7 @@ func TestRedeliversPendingInOrder(t *testing.T) {
 // answered. Stock lives in Redis here (the SQL version is in package queue):
 // the handler reads and writes it without any lock, because only one
 // instance holds the partition.
-func TestSellHotKeyAcrossInstances(t *testing.T) {
-	t.Parallel()
-	client, prefix := testserver.Redis(t)
+func testSellHotKey(t *testing.T, client redis.UniversalClient, prefix string) {
 	stockKey := prefix + "stock"
 	require.NoError(t, client.Set(t.Context(), stockKey, 1000, 0).Err())
 	seller := func(ctx context.Context, jobs []queue.Job) ([]queue.Result, error) {
@@ -240,9 +234,7 @@ func TestSellHotKeyAcrossInstances(t *testing.T) {
 // An owner that died holding a partition's lease, with entries read and not
 // acknowledged: once the lease runs out, a live instance takes the partition
 // and redelivers them in order. Nothing runs before the lease ends.
-func TestTakeoverAfterLeaseExpires(t *testing.T) {
-	t.Parallel()
-	client, prefix := testserver.Redis(t)
+func testTakeover(t *testing.T, client redis.UniversalClient, prefix string) {
 	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
 	for i := range 3 {
 		require.NoError(t, producer.Enqueue(t.Context(), "k", []byte(strconv.Itoa(i))))
@@ -285,9 +277,7 @@ func TestTakeoverAfterLeaseExpires(t *testing.T) {
 
 // Instances share the partitions: one alone takes all four; when a second
 // joins, each ends with two; when it leaves, the first takes all again.
-func TestRebalance(t *testing.T) {
-	t.Parallel()
-	client, prefix := testserver.Redis(t)
+func testRebalance(t *testing.T, client redis.UniversalClient, prefix string) {
 	cfg := redisq.Config{Partitions: 4, LeaseTTL: 400 * time.Millisecond, Handler: func(context.Context, queue.Job) ([]byte, error) { return nil, nil }}
 	a := instance(t, client, prefix, cfg)
 	owns := func(q *redisq.Queue, n int) func() bool { return func() bool { return len(q.Owned()) == n } }
@@ -297,4 +287,28 @@ func TestRebalance(t *testing.T) {
 		"after b joins: a owns %v, b owns %v", a.Owned(), b.Owned())
 	require.NoError(t, b.Close(t.Context()))
 	require.Eventually(t, owns(a, 4), 10*time.Second, 10*time.Millisecond, "after b left, a takes its share")
+}
+
+// A job answered twice (delivery is at least once: its owner died between
+// the answer and the acknowledgement) whose submitter does not take the
+// answers, because its ctx ended at that moment: the later submitters are
+// still answered.
+func testDuplicateAnswer(t *testing.T, client redis.UniversalClient, prefix string) {
+	instance(t, client, prefix, redisq.Config{Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		return job.Payload, nil
+	}})
+	producer := instance(t, client, prefix, redisq.Config{})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err := producer.Submit(ctx, "k", []byte("start the listener"))
+	require.NoError(t, err)
+	replies, leave, err := producer.StuckSubmitter("twice")
+	require.NoError(t, err)
+	defer leave()
+	require.NoError(t, client.RPush(ctx, replies, "twice|vfirst", "twice|vagain").Err())
+	for i := range 3 {
+		got, err := producer.Submit(ctx, "k", []byte(strconv.Itoa(i)))
+		require.NoError(t, err, "submit %d after a duplicate answer", i)
+		require.Equal(t, strconv.Itoa(i), string(got))
+	}
 }

@@ -58,9 +58,7 @@ func waitDepth(t *testing.T, q *redisq.Queue, n int) {
 // each job has deliveries left, then its jobs run alone; only the poison job
 // is dead-lettered, after Retry's deliveries, the others are answered, and
 // the key's later jobs run. Observe and Stats tell the same story.
-func TestBatchPoisonDeadLettered(t *testing.T) {
-	t.Parallel()
-	client, prefix := testserver.Redis(t)
+func testBatchPoison(t *testing.T, client redis.UniversalClient, prefix string) {
 	var (
 		mu         sync.Mutex
 		deliveries = map[string][]int{} // payload → attempts seen

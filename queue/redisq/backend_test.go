@@ -1,0 +1,76 @@
+package redisq_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend/internal/testserver"
+)
+
+// onBoth are the tests that run on one Redis node and on a Redis Cluster:
+// what the queue promises must not depend on how Redis is deployed, and a
+// Cluster refuses what one node lets pass (a transaction across slots).
+var onBoth = []struct {
+	name string
+	run  func(t *testing.T, client redis.UniversalClient, prefix string)
+}{
+	{"submit", testSubmit},
+	{"order_per_key", testOrderPerKey},
+	{"redelivers_pending_in_order", testRedeliversPending},
+	{"sell_hot_key", testSellHotKey},
+	{"takeover_after_lease_expires", testTakeover},
+	{"rebalance", testRebalance},
+	{"batch_poison_dead_lettered", testBatchPoison},
+	{"duplicate_answer", testDuplicateAnswer},
+}
+
+func TestOneNode(t *testing.T) {
+	t.Parallel()
+	for _, tc := range onBoth {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			client, prefix := testserver.Redis(t)
+			tc.run(t, client, prefix)
+		})
+	}
+}
+
+// TestCluster runs the tests of onBoth on one Redis Cluster of three
+// masters, started once for all of them (each test has a prefix of its own):
+// starting a cluster costs more than most of the tests.
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	cluster := testserver.RedisCluster(t, 3)
+	for _, tc := range onBoth {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.run(t, cluster, clusterPrefix(t, cluster))
+		})
+	}
+}
+
+// clusterPrefix returns a key prefix no other test uses; the keys under it
+// are deleted, on every master, when t ends.
+func clusterPrefix(t testing.TB, c *redis.ClusterClient) string {
+	prefix := testserver.RandomName("contend:test:") + ":"
+	t.Cleanup(func() {
+		require.NoError(t, c.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
+			keys, err := node.Keys(ctx, prefix+"*").Result()
+			if err != nil {
+				return err
+			}
+			// One key per command: a node refuses keys of several slots
+			// in one.
+			pipe := node.Pipeline()
+			for _, k := range keys {
+				pipe.Unlink(ctx, k)
+			}
+			_, err = pipe.Exec(ctx)
+			return err
+		}))
+	})
+	return prefix
+}
