@@ -25,6 +25,7 @@ var onBoth = []struct {
 	{"rebalance", testRebalance},
 	{"batch_poison_dead_lettered", testBatchPoison},
 	{"duplicate_answer", testDuplicateAnswer},
+	{"keys_left", testKeysLeft},
 }
 
 func TestOneNode(t *testing.T) {

@@ -32,6 +32,36 @@
 // [Queue.Stats] and [Config.Observe] report what one instance did; only a
 // partition's depth is read from Redis and is the same for every instance.
 //
+// # Keys
+//
+// Every key starts with [Config.Prefix]. What each holds, and how long it
+// lives:
+//
+//   - Prefix + "{p}", partition p's stream, with its consumer group: the
+//     jobs not yet acknowledged, and the last acknowledged one (each
+//     acknowledgement trims the stream below itself). It does not expire: it
+//     is the queue, and its group records what was delivered to whom. Delete
+//     the streams by hand when a queue is retired.
+//   - Inside that group, one consumer per instance that held the partition:
+//     deleted when the instance gives the partition up with nothing
+//     pending, else by the next owner once it has claimed its entries.
+//   - Prefix + "{p}:dead", partition p's dead letters: kept for people to
+//     look at, so it does not expire either; [Config.DeadLetterLimit] bounds
+//     it, dropping the oldest.
+//   - Prefix + "replies:" + an instance's name, the answers to its
+//     submitters: it expires [Config.ReplyTTL] after the last answer.
+//   - Prefix + "instances", the instances' heartbeats: it expires three
+//     balancing rounds (each a quarter of [Config.LeaseTTL], at least
+//     200ms) after the last heartbeat, and drops an instance silent that
+//     long.
+//   - Prefix + "lease:{partition:p}", partition p's lease, and the keys
+//     package distlock keeps beside it: the lease expires with
+//     [Config.LeaseTTL], its fencing counter a day after its last use.
+//
+// Partition p's stream and dead letters share the hash tag {p}, and so a
+// Cluster slot. Every step the queue takes touches the keys of one slot, so
+// the queue runs on one Redis node, Sentinel, or a Cluster.
+//
 // There is no Do (the [contend.Guard] of package queue): a closure cannot be
 // sent to the instance that holds a key's partition, and running it here
 // would exclude it neither from that instance's jobs nor from other callers.
@@ -477,48 +507,55 @@ func isClosed(c <-chan struct{}) bool {
 	}
 }
 
-// Close stops Run (waiting for it, or for ctx) and frees the lease client.
-// It works before Run and is idempotent.
+// Close stops Run and the answer listener, and frees the lease client. It
+// returns once they have stopped, or when ctx ends, whichever comes first:
+// then it returns an error matching ctx's, and what still runs (a handler
+// that does not heed its ctx, a Redis call the client has not given up on
+// yet) stops by itself, Run returning after it. Close works before Run and
+// is idempotent; a later call waits again.
 func (q *Queue) Close(ctx context.Context) error {
 	q.mu.Lock()
-	first := !q.closed
 	q.closed = true
 	running, stop := q.running, q.stop
 	listening, stopListen := q.waiting != nil, q.stopListen
 	q.mu.Unlock()
 	if listening {
 		stopListen()
-		select {
-		case <-q.listenDone:
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
 	}
 	if running {
 		stop()
+	}
+	if listening {
+		select {
+		case <-q.listenDone:
+		case <-ctx.Done():
+			return fmt.Errorf("redisq: close: the answer listener still runs: %w", context.Cause(ctx))
+		}
+	}
+	if running {
 		select {
 		case <-q.ran:
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return fmt.Errorf("redisq: close: the workers of partitions %v still run: %w", q.Owned(), context.Cause(ctx))
 		}
 	}
-	if first {
-		return q.locks.Close(ctx)
-	}
-	return nil
+	return q.locks.Close(ctx)
 }
 
 // consume handles partition p while l holds it.
 func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-chan struct{}) {
 	held := l.Hold(ctx) // cancelled the moment the lease is lost
+	stream := q.stream(p)
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
 		_ = l.Release(rctx)
+		// This instance's consumer goes when it has nothing pending; else
+		// the next owner deletes it once it has claimed its entries.
+		_ = dropConsumer.Run(rctx, q.cfg.Redis, []string{stream}, group, q.consumer).Err()
 	}()
 	hctx := context.WithValue(held, fenceKey{}, l.Fence())
 	on := func() bool { return hctx.Err() == nil && !isClosed(quit) }
-	stream := q.stream(p)
 	if err := q.cfg.Redis.XGroupCreateMkStream(hctx, stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		return
 	}
@@ -540,10 +577,20 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 		}
 		cursor = next
 	}
+	if q.pruneConsumers(hctx, stream) != nil {
+		return
+	}
 	for on() {
+		// A read that blocks in Redis past the lease could take entries
+		// after the next owner has started, out of its order: it ends
+		// while the lease is still valid.
+		block := min(poll, time.Until(l.ValidUntil()))
+		if block < time.Millisecond {
+			continue // the lease ends now, unless a refresh moves it
+		}
 		res, err := q.cfg.Redis.XReadGroup(hctx, &redis.XReadGroupArgs{
 			Group: group, Consumer: q.consumer, Streams: []string{stream, ">"},
-			Count: int64(q.cfg.MaxBatch), Block: poll,
+			Count: int64(q.cfg.MaxBatch), Block: block,
 		}).Result()
 		if errors.Is(err, redis.Nil) {
 			continue
@@ -559,6 +606,35 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 			return
 		}
 	}
+}
+
+// dropConsumer deletes consumer ARGV[2] of group ARGV[1] of stream KEYS[1]
+// if it has no pending entry: deleting one that has would drop its entries
+// from the group, and no owner would deliver them again.
+var dropConsumer = redis.NewScript(`
+if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2]) > 0 then
+  return 0
+end
+return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
+`)
+
+// pruneConsumers deletes the consumers of stream's group, other than this
+// instance's, that have no pending entry: those of earlier owners, gone or
+// not (an owner that reads again comes back by itself). Each instance's
+// start names a new consumer, and nothing else would delete it.
+func (q *Queue) pruneConsumers(ctx context.Context, stream string) error {
+	consumers, err := q.cfg.Redis.XInfoConsumers(ctx, stream, group).Result()
+	if err != nil {
+		return err
+	}
+	for _, c := range consumers {
+		if c.Pending == 0 && c.Name != q.consumer {
+			if err := dropConsumer.Run(ctx, q.cfg.Redis, []string{stream}, group, c.Name).Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // A delivery is an entry as this owner delivers it: its job's Attempt is the
