@@ -35,7 +35,9 @@
 //     [ErrDeadLettered], and the partition moves on, so no poison job blocks
 //     a key forever. A handler panic is an error, not a crash;
 //   - [Queue.Close] drains: it stops taking jobs, runs every accepted one, and
-//     waits for the workers.
+//     waits for the workers, until its ctx ends;
+//   - a failed batch costs a bounded number of deliveries: see
+//     [BatchHandler].
 //
 // Queue is also a [contend.Guard]: [Queue.Do] runs fn on the key's partition
 // worker, so no two fns (or jobs) of one key overlap — within this process

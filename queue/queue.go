@@ -47,10 +47,21 @@ type Handler func(ctx context.Context, job Job) ([]byte, error)
 
 // A BatchHandler processes up to [Config.MaxBatch] consecutive jobs of one
 // partition at once, in submit order, and returns one [Result] per job, in the
-// same order. A Result's Err is that job's final answer and is not retried. A
-// non-nil error fails the whole batch: it is retried under [Config.Retry], and
-// when the retries are spent each job is run again alone, so only the job that
-// keeps failing is dead-lettered.
+// same order. A Result's Err is that job's final answer and is not retried.
+//
+// A non-nil error fails the whole batch. No job is delivered more than
+// [Config.Retry]'s MaxAttempts times in all: the batch is delivered again
+// whole, under Retry, while its jobs have more than one delivery left, and
+// then each job gets its last delivery alone, in order, so only the job that
+// keeps failing is dead-lettered and the others get their answers (with
+// MaxAttempts 1, the whole delivery and the one alone make two). A batch of
+// n jobs that keeps failing, as in a database outage, so costs at most
+// MaxAttempts−1+n calls and MaxAttempts−1 of Retry's waits, the partition
+// waiting meanwhile, before its jobs are dead-lettered.
+//
+// Since a failed batch runs again, whole and then job by job, a batch
+// handler that returns an error must leave nothing applied (do the batch's
+// writes in one transaction) or make each job's effect idempotent.
 type BatchHandler func(ctx context.Context, jobs []Job) ([]Result, error)
 
 // Result is one job's answer from a [BatchHandler].
@@ -330,10 +341,12 @@ func (q *Queue) start(ctx context.Context) bool {
 }
 
 // Close stops taking jobs, runs every job already accepted, and waits for the
-// workers. When ctx ends first it cancels the running handlers' ctx, answers
-// the jobs not yet started with ErrClosed, still waits for the workers to
-// return, and returns ctx's error. Close works before Run (it then runs the
-// buffered jobs itself) and is idempotent.
+// workers. When ctx ends first it cancels the running handlers' ctx, has the
+// jobs not yet started answered with ErrClosed, and returns ctx's error at
+// once: a handler that does not heed its ctx keeps its worker running until
+// it returns, and the jobs waiting behind it are answered then. A later
+// Close waits for the workers again. Close works before Run (it then runs
+// the buffered jobs itself) and is idempotent.
 func (q *Queue) Close(ctx context.Context) error {
 	q.closeOnce.Do(func() {
 		q.closing.Store(true)
@@ -351,7 +364,6 @@ func (q *Queue) Close(ctx context.Context) error {
 			close(q.abort)
 			q.cancel()
 		})
-		<-q.done
 		return context.Cause(ctx)
 	}
 }
@@ -644,25 +656,22 @@ func (q *Queue) redeliver(ctx context.Context, pc *partitionCounters, job Job, e
 	return value, nil
 }
 
+// runBatch runs items through the batch handler and answers them, under the
+// policy [BatchHandler] states: the batch whole while each job has more
+// than one delivery left, then each job's last delivery alone.
 func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []item) {
 	jobs := make([]Job, len(items))
 	for i, it := range items {
 		jobs[i] = Job{Key: it.key, Payload: it.payload}
 	}
+	whole := q.cfg.Retry
+	if len(items) > 1 {
+		whole.MaxAttempts = max(whole.Attempts()-1, 1)
+	}
 	var results []Result
-	_, err := q.cfg.Retry.Do(ctx, func(ctx context.Context) error {
-		for i := range jobs {
-			jobs[i].Attempt++
-			if jobs[i].Attempt > 1 {
-				pc.Redeliveries.Add(1)
-			}
-		}
+	_, err := whole.Do(ctx, func(ctx context.Context) error {
 		var err error
-		if results, err = q.cfg.BatchHandler.Call(ctx, jobs); err != nil {
-			for _, j := range jobs {
-				q.failed(j, err)
-			}
-		}
+		results, err = q.deliverBatch(ctx, pc, jobs)
 		return err
 	}, q.retryable)
 	if err == nil {
@@ -678,11 +687,41 @@ func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []ite
 		}
 		return
 	}
-	// Find the job that keeps failing: run each alone, in order, so only it
-	// is dead-lettered and the others of the batch still get their answers.
-	for _, it := range items {
-		q.runBatch(ctx, pc, []item{it})
+	if werr := q.cfg.Retry.Wait(ctx, jobs[0].Attempt); werr != nil {
+		for i, it := range items {
+			it.answer(outcome{err: q.deadLetter(pc, jobs[i], fmt.Errorf("%w (after %d attempts: %w)", werr, jobs[i].Attempt, err))})
+		}
+		return
 	}
+	// The last delivery of each job, alone and in order: only the job that
+	// fails again is dead-lettered, the others of the batch get answers.
+	for i, it := range items {
+		res, err := q.deliverBatch(ctx, pc, jobs[i:i+1])
+		if err != nil {
+			it.answer(outcome{err: q.deadLetter(pc, jobs[i], err)})
+			continue
+		}
+		pc.Handled.Add(1)
+		it.answer(outcome{value: res[0].Value, err: res[0].Err})
+	}
+}
+
+// deliverBatch delivers jobs once more to the batch handler, counting the
+// delivery in each job's Attempt.
+func (q *Queue) deliverBatch(ctx context.Context, pc *partitionCounters, jobs []Job) ([]Result, error) {
+	for i := range jobs {
+		jobs[i].Attempt++
+		if jobs[i].Attempt > 1 {
+			pc.Redeliveries.Add(1)
+		}
+	}
+	results, err := q.cfg.BatchHandler.Call(ctx, jobs)
+	if err != nil {
+		for _, j := range jobs {
+			q.failed(j, err)
+		}
+	}
+	return results, err
 }
 
 func (q *Queue) deadLetter(pc *partitionCounters, job Job, err error) error {

@@ -421,8 +421,8 @@ func TestCloseUnderLoadLosesNothing(t *testing.T) {
 }
 
 // When Close's ctx ends before the drain, running handlers see their ctx
-// cancelled, waiting jobs are answered ErrClosed, and Close still returns
-// only after the workers have.
+// cancelled, waiting jobs are answered ErrClosed, and Close returns ctx's
+// error.
 func TestCloseDeadlineAborts(t *testing.T) {
 	t.Parallel()
 	entered := make(chan struct{})
@@ -461,4 +461,38 @@ func TestCloseDeadlineAborts(t *testing.T) {
 	require.ErrorIs(t, <-blocked, context.Canceled, "the running handler's ctx was cancelled")
 	require.ErrorIs(t, <-waiting, queue.ErrClosed)
 	require.NoError(t, <-ran)
+}
+
+// Close returns by its ctx's deadline even when a handler does not heed its
+// ctx; the worker finishes when the handler returns, and Run after it.
+func TestCloseReturnsByDeadline(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	q, err := queue.New(queue.Config{Partitions: 1, Handler: func(context.Context, queue.Job) ([]byte, error) {
+		close(entered)
+		<-release // ignores its ctx
+		return []byte("late"), nil
+	}})
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(context.Background()) }()
+	answer := make(chan error, 1)
+	go func() {
+		_, err := q.Submit(context.Background(), "k", nil)
+		answer <- err
+	}()
+	<-entered
+	stuck := time.AfterFunc(3*time.Second, func() { close(release) })
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	require.ErrorIs(t, q.Close(ctx), context.DeadlineExceeded)
+	took := time.Since(began)
+	if stuck.Stop() {
+		close(release)
+	}
+	require.Less(t, took, time.Second, "Close waited for a handler past its ctx's deadline")
+	require.NoError(t, <-answer, "the handler's job is answered when it returns")
+	require.NoError(t, <-ran)
+	require.NoError(t, q.Close(t.Context()), "a later Close waits for the workers, which are gone")
 }

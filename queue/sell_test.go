@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -214,4 +216,56 @@ func TestBatchPoisonIsolated(t *testing.T) {
 	require.ErrorIs(t, d.Err, errPoison)
 	require.Empty(t, dead, "only the poison job is dead-lettered")
 	require.EqualValues(t, 1, q.Stats().DeadLetters)
+}
+
+// A batch that fails on every delivery, as during a database outage: each
+// job is delivered at most Retry's MaxAttempts times in all, the batch whole
+// and then each job's last delivery alone, so the batch costs MaxAttempts−1+n
+// handler calls before its jobs are dead-lettered, not MaxAttempts per job
+// on top of the batch's.
+func TestBatchOutageBounded(t *testing.T) {
+	t.Parallel()
+	const maxAttempts, n = 4, 6
+	var (
+		calls    atomic.Int64
+		mu       sync.Mutex
+		attempts = map[string][]int{} // payload → attempts delivered
+	)
+	q, err := queue.New(queue.Config{
+		Partitions: 1,
+		Retry:      contend.Retry{MaxAttempts: maxAttempts, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond},
+		BatchHandler: func(_ context.Context, jobs []queue.Job) ([]queue.Result, error) {
+			calls.Add(1)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, j := range jobs {
+				attempts[string(j.Payload)] = append(attempts[string(j.Payload)], j.Attempt)
+			}
+			return nil, errPoison
+		},
+	})
+	require.NoError(t, err)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := q.Submit(t.Context(), "k", []byte(strconv.Itoa(i)))
+			errs <- err
+		}()
+		for q.Stats().Depth < i+1 { // in order, and one batch once Close runs them
+			runtime.Gosched()
+		}
+	}
+	require.NoError(t, q.Close(t.Context()))
+	for range n {
+		err := <-errs
+		require.ErrorIs(t, err, queue.ErrDeadLettered)
+		require.ErrorIs(t, err, errPoison)
+	}
+	require.EqualValues(t, maxAttempts-1+n, calls.Load(), "handler calls")
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		require.Equal(t, []int{1, 2, 3, 4}, attempts[strconv.Itoa(i)], "job %d's deliveries", i)
+	}
+	require.EqualValues(t, n, q.Stats().DeadLetters)
 }

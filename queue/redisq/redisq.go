@@ -113,7 +113,9 @@ type Config struct {
 	// batch is delivered again whole while each of its jobs has more than
 	// one delivery left, then its jobs run alone, so only the job that
 	// keeps failing is dead-lettered (after Retry's deliveries, or one more
-	// when MaxAttempts is 1). Default: the zero contend.Retry (10
+	// when MaxAttempts is 1): a batch of n jobs that keeps failing costs at
+	// most MaxAttempts−1+n handler calls and MaxAttempts−1 waits, as
+	// [queue.BatchHandler] says. Default: the zero contend.Retry (10
 	// deliveries).
 	Retry contend.Retry
 	// Observe, when set, is called with every [queue.Event] of the jobs
