@@ -97,19 +97,20 @@ func StartCluster(t testing.TB, o ClusterOptions) *Cluster {
 			t.Fatalf("testserver: redis cluster node %s: %v", addr, err)
 		}
 	}
-	cl.Client.ReloadState(ctx)
-	err = cl.Client.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error {
-		return synced(ctx, n)
-	})
-	if err != nil {
-		t.Fatalf("testserver: redis cluster: %v", err)
+	for _, addr := range addrs {
+		if err := synced(ctx, addr); err != nil {
+			t.Fatalf("testserver: redis cluster: %v", err)
+		}
 	}
+	cl.Client.ReloadState(ctx)
 	return cl
 }
 
 // synced waits until node answers and, if it is a replica, its link to its
 // master is up: a replica still loading its first copy cannot take over.
-func synced(ctx context.Context, node *redis.Client) error {
+func synced(ctx context.Context, addr string) error {
+	node := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer node.Close()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -119,7 +120,7 @@ func synced(ctx context.Context, node *redis.Client) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s not in sync (last: %v): %w", node.Options().Addr, err, ctx.Err())
+			return fmt.Errorf("%s not in sync (last: %v): %w", addr, err, ctx.Err())
 		case <-tick.C:
 		}
 	}
