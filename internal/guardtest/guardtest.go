@@ -109,7 +109,7 @@ func Run(t *testing.T, s Suite) {
 			return
 		}
 		// What the guard's docs say: it holds within one process, not across.
-		t.Logf("successes %d, counted %d, overlaps %d", rep.Successes, rep.Counted, rep.Overlaps)
+		t.Logf("successes %d, counted %d, overlaps %d; history: %v", rep.Successes, rep.Counted, rep.Overlaps, rep.History)
 		require.True(t, rep.Counted < int64(rep.Successes) || rep.Overlaps > 0,
 			"a single-process guard showed no overlap across processes: the check cannot see what it claims to")
 	})
@@ -307,7 +307,7 @@ type Report struct {
 	Workers int
 	// UnderFaults is set in a run under faults; Faults is what they did.
 	UnderFaults bool
-	Faults      faultCount
+	Faults      FaultCount
 }
 
 // Contend runs a read-modify-write of a counter inside Do from the goroutines
@@ -403,9 +403,9 @@ func (r Report) RequireLinearizable(t *testing.T) {
 	}
 	require.Positive(t, r.Successes)
 	if r.UnderFaults {
-		require.Positive(t, r.Faults.Reset, "the faults cut no connection: the run did not test what it claims")
 		t.Logf("faults: %d resets cut %d connections, %d replies set to be lost; %d calls failed (%d after fn wrote), e.g. %v",
 			r.Faults.Resets, r.Faults.Reset, r.Faults.Drops, r.Errors, r.History.Maybes, r.FirstErrors[:min(3, len(r.FirstErrors))])
+		require.Positive(t, r.Faults.Reset, "the faults cut no connection: the run did not test what it claims")
 	}
 }
 

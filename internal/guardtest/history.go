@@ -96,7 +96,7 @@ type report struct {
 	// Workers counts the processes whose reports were merged into this one.
 	Workers int         `json:"workers"`
 	Log     history.Log `json:"log"`
-	Faults  faultCount  `json:"faults"`
+	Faults  FaultCount  `json:"faults"`
 }
 
 func (w *worker) report() report {
@@ -180,8 +180,9 @@ func openUnderFaults(t testing.TB, driver, pgURL, prefix string) (Env, *chaos) {
 	return env, c
 }
 
-// faultCount says what the faults did, so a test can show they were real.
-type faultCount struct {
+// FaultCount says what the faults of a run did, so a test can show they
+// were real.
+type FaultCount struct {
 	// Resets counts the resets, Reset the connections they cut.
 	Resets int `json:"resets"`
 	Reset  int `json:"reset"`
@@ -191,7 +192,7 @@ type faultCount struct {
 	Drops int `json:"drops"`
 }
 
-func (c *faultCount) add(o faultCount) {
+func (c *FaultCount) add(o FaultCount) {
 	c.Resets += o.Resets
 	c.Reset += o.Reset
 	c.Drops += o.Drops
@@ -206,7 +207,7 @@ type chaos struct {
 	quit    chan struct{}
 	done    chan struct{}
 	once    sync.Once
-	count   faultCount // written by the loop, read after done
+	count   FaultCount // written by the loop, read after done
 }
 
 func startChaos(proxies ...*faultproxy.Proxy) *chaos {
@@ -257,7 +258,7 @@ func (c *chaos) loop() {
 
 // stop ends the faults, waits for the loop and returns what it did. It may
 // be called more than once.
-func (c *chaos) stop() faultCount {
+func (c *chaos) stop() FaultCount {
 	c.once.Do(func() { close(c.quit) })
 	<-c.done
 	return c.count
