@@ -32,6 +32,27 @@
 // [Queue.Stats] and [Config.Observe] report what one instance did; only a
 // partition's depth is read from Redis and is the same for every instance.
 //
+// # Faults
+//
+// An owner whose connections to Redis go silent, or whose process stalls,
+// past its lease sees its handler's ctx end with [contend.ErrLockLost] when
+// the lease's validity passes, on a timer of its own, before Redis lets
+// another instance take the partition; it starts no further job and
+// acknowledges nothing after it. A handler that does not heed its ctx may
+// still be running when the next owner redelivers its job: the fencing
+// token ([Fence]) lets the database refuse its late write. Lost replies and
+// reset connections cost nothing but duplicates: go-redis sends a command
+// again when it did not hear the reply, and each step is safe to run twice
+// (a re-sent XADD adds the job twice, and it runs twice; a re-sent answer is
+// ignored by its submitter).
+//
+// Jobs live in Redis, as durable as Redis is: a restart without persistence,
+// or a failover to a replica that had not received them, loses the jobs not
+// yet handled and the answers not yet read, and their submitters hear
+// nothing until their ctx ends. The queue recovers by itself: the owners see
+// their leases lost, take the partitions again under larger fencing tokens,
+// and the streams are made again by the next job.
+//
 // # Keys
 //
 // Every key starts with [Config.Prefix]. What each holds, and how long it

@@ -1,0 +1,251 @@
+package redisq_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/faultproxy"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/queue"
+	"github.com/contend/contend/queue/redisq"
+)
+
+// The fault tests put a real go-redis client behind a fault proxy (or use a
+// Redis of the test's own that it restarts) and check what callers see and
+// what still holds. Their names start with TestFault.
+
+// behind returns a client, with opts, of client's server through a fault
+// proxy.
+func behind(t testing.TB, client *redis.Client, opts redis.Options) (*faultproxy.Proxy, *redis.Client) {
+	t.Helper()
+	proxy := faultproxy.Start(t, client.Options().Addr)
+	opts.Addr = proxy.Addr()
+	via := redis.NewClient(&opts)
+	t.Cleanup(func() { via.Close() })
+	return proxy, via
+}
+
+// A handling is one delivery as a fault test's handler records it.
+type handling struct {
+	who, payload string
+	fence        int64
+	at           time.Time
+	cause        error // set when the handler was cut short
+}
+
+// next returns the next handling within d.
+func next(t testing.TB, ch <-chan handling, d time.Duration) handling {
+	t.Helper()
+	select {
+	case h := <-ch:
+		return h
+	case <-time.After(d):
+		t.Fatalf("no job handled within %v", d)
+		return handling{}
+	}
+}
+
+// recorder is a handler that records each delivery on ch; "block" makes
+// instance who wait until its ctx ends (first, when it is the one to block).
+func recorder(who string, ch chan<- handling, block bool) queue.Handler {
+	return func(ctx context.Context, job queue.Job) ([]byte, error) {
+		fence, _ := redisq.Fence(ctx)
+		ch <- handling{who: who, payload: string(job.Payload), fence: fence, at: time.Now()}
+		if block && string(job.Payload) == "block" {
+			<-ctx.Done()
+			ch <- handling{who: who, payload: "cut short", fence: fence, at: time.Now(), cause: context.Cause(ctx)}
+			return nil, ctx.Err()
+		}
+		return job.Payload, nil
+	}
+}
+
+// The partition owner's connections go silent (a partition, a frozen
+// link) past its lease, with go-redis's default timeouts: the owner's
+// handler sees its ctx end with ErrLockLost within the lease, on a timer,
+// before another instance can take the partition; the other instance then
+// redelivers the interrupted job under a larger fencing token, and the
+// later ones in order; the silent owner handles nothing more.
+func TestFaultBlackholePastLease(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	proxy, via := behind(t, client, redis.Options{})
+	const ttl = 600 * time.Millisecond
+	got := make(chan handling, 16)
+	instance(t, via, prefix, redisq.Config{Partitions: 1, LeaseTTL: ttl, Handler: recorder("owner", got, true)})
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	for _, p := range []string{"block", "after"} {
+		require.NoError(t, producer.Enqueue(t.Context(), "k", []byte(p)))
+	}
+	first := next(t, got, 10*time.Second)
+	require.Equal(t, handling{who: "owner", payload: "block"}, handling{who: first.who, payload: first.payload})
+
+	proxy.Blackhole()
+	silent := time.Now()
+	instance(t, client, prefix, redisq.Config{Partitions: 1, LeaseTTL: ttl, Handler: recorder("other", got, false)})
+	stopped := next(t, got, 5*time.Second)
+	require.Equal(t, "owner", stopped.who)
+	require.ErrorIs(t, stopped.cause, contend.ErrLockLost)
+	t.Logf("the owner's handler was stopped %v after its connections went silent (lease %v)", stopped.at.Sub(silent), ttl)
+	require.Less(t, stopped.at.Sub(silent), ttl+200*time.Millisecond, "the owner learned of the loss after its lease")
+
+	again := next(t, got, 5*time.Second)
+	require.Equal(t, "other", again.who, "the silent owner handled a job after its lease")
+	require.Equal(t, "block", again.payload, "the interrupted job comes first")
+	require.True(t, again.at.After(stopped.at), "the next owner started before the silent one stopped")
+	require.Greater(t, again.fence, first.fence)
+	after := next(t, got, 5*time.Second)
+	require.Equal(t, handling{who: "other", payload: "after"}, handling{who: after.who, payload: after.payload})
+	proxy.Heal()
+	proxy.Reset() // what the blackhole cut off: the owner's client reconnects
+	select {
+	case h := <-got:
+		t.Fatalf("unexpected delivery after the hand-over: %+v", h)
+	case <-time.After(2 * ttl):
+	}
+}
+
+// Every connection of the owner is reset while its handler runs: go-redis
+// reconnects, the lease is kept (its refresh is sent again, and is safe to
+// run twice), and the job is answered once; the next one follows.
+func TestFaultResetMidJob(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	proxy, via := behind(t, client, redis.Options{})
+	var runs atomic.Int32
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	instance(t, via, prefix, redisq.Config{Partitions: 1, LeaseTTL: time.Second, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		if string(job.Payload) == "reset" && runs.Add(1) == 1 {
+			close(entered)
+			<-proceed
+		}
+		return job.Payload, nil
+	}})
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	answer := make(chan error, 1)
+	go func() {
+		v, err := producer.Submit(ctx, "k", []byte("reset"))
+		if err == nil && string(v) != "reset" {
+			err = fmt.Errorf("answer %q", v)
+		}
+		answer <- err
+	}()
+	<-entered
+	proxy.Reset()
+	close(proceed)
+	require.NoError(t, <-answer)
+	v, err := producer.Submit(ctx, "k", []byte("next"))
+	require.NoError(t, err)
+	require.Equal(t, "next", string(v))
+	require.EqualValues(t, 1, runs.Load(), "the job ran again after a reset")
+}
+
+// The reply to a producer's XADD is lost after Redis ran it: go-redis sends
+// the command again, so the job is in the stream twice, and is handled
+// twice (at least once); the submitter gets one answer, and later
+// submitters are answered too.
+func TestFaultSubmitReplyDropped(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	proxy, via := behind(t, client, redis.Options{ReadTimeout: 300 * time.Millisecond})
+	var runs atomic.Int32
+	instance(t, client, prefix, redisq.Config{Partitions: 1, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		if string(job.Payload) == "twice" {
+			runs.Add(1)
+		}
+		return job.Payload, nil
+	}})
+	producer := instance(t, via, prefix, redisq.Config{Partitions: 1})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	_, err := producer.Submit(ctx, "k", []byte("warm up"))
+	require.NoError(t, err)
+	proxy.DropNextReply()
+	v, err := producer.Submit(ctx, "k", []byte("twice"))
+	require.NoError(t, err)
+	require.Equal(t, "twice", string(v))
+	for i := range 3 {
+		_, err := producer.Submit(ctx, "k", []byte("later"))
+		require.NoError(t, err, "submit %d after the duplicate", i)
+	}
+	waitDepth(t, producer, 0)
+	t.Logf("the job whose XADD reply was lost ran %d times", runs.Load())
+	require.EqualValues(t, 2, runs.Load(), "the re-sent XADD made a second entry, handled too")
+}
+
+// A reply to the owner is lost after its handler answered (the answer, the
+// acknowledgement, or a lease refresh, whichever comes next): go-redis sends
+// it again, every step being safe to run twice; the submitter gets its
+// answer, the job runs once, and nothing stays pending.
+func TestFaultAckReplyDropped(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	proxy, via := behind(t, client, redis.Options{ReadTimeout: 300 * time.Millisecond})
+	var runs atomic.Int32
+	instance(t, via, prefix, redisq.Config{Partitions: 1, LeaseTTL: 2 * time.Second, Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+		if string(job.Payload) == "drop" {
+			runs.Add(1)
+			proxy.DropNextReply()
+		}
+		return job.Payload, nil
+	}})
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	v, err := producer.Submit(ctx, "k", []byte("drop"))
+	require.NoError(t, err)
+	require.Equal(t, "drop", string(v))
+	v, err = producer.Submit(ctx, "k", []byte("next"))
+	require.NoError(t, err)
+	require.Equal(t, "next", string(v))
+	waitDepth(t, producer, 0)
+	require.EqualValues(t, 1, runs.Load(), "the job ran again")
+}
+
+// Redis restarts without persistence while a job runs: every key is gone,
+// so the jobs not yet handled are lost and their submitters hear nothing
+// (their ctx ends); the owner's handler sees ErrLockLost; the queue
+// recovers by itself: a later Submit is answered, under a larger fencing
+// token.
+func TestFaultRedisRestart(t *testing.T) {
+	t.Parallel()
+	own := testserver.OwnRedis(t)
+	client := own.Client(t)
+	const prefix, ttl = "q:", 600 * time.Millisecond
+	got := make(chan handling, 16)
+	instance(t, client, prefix, redisq.Config{Partitions: 1, LeaseTTL: ttl, Handler: recorder("owner", got, true)})
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	lost := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		_, err := producer.Submit(ctx, "k", []byte("block"))
+		lost <- err
+	}()
+	first := next(t, got, 10*time.Second)
+	require.Equal(t, "block", first.payload)
+	require.NoError(t, producer.Enqueue(t.Context(), "k", []byte("queued")))
+
+	require.NoError(t, own.Restart())
+	stopped := next(t, got, 5*time.Second)
+	require.ErrorIs(t, stopped.cause, contend.ErrLockLost)
+	require.ErrorIs(t, <-lost, context.DeadlineExceeded, "the submitter of a job lost with Redis hears nothing")
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	v, err := producer.Submit(ctx, "k", []byte("after"))
+	require.NoError(t, err, "the queue did not recover from the restart")
+	require.Equal(t, "after", string(v))
+	after := next(t, got, time.Second)
+	require.Equal(t, "after", after.payload, "the jobs in Redis at the restart are gone")
+	require.Greater(t, after.fence, first.fence)
+}
