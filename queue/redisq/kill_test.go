@@ -2,8 +2,10 @@ package redisq_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,6 +42,13 @@ func TestConsumerProcess(t *testing.T) {
 				// Tell the test we are mid-job, and stay here until killed.
 				client.LPush(ctx, prefix+"started", "1")
 				<-ctx.Done()
+				// Reached when the process was stopped past its lease and
+				// resumed: why the handler was stopped.
+				cause := context.Cause(ctx).Error()
+				if errors.Is(context.Cause(ctx), contend.ErrLockLost) {
+					cause = "lost"
+				}
+				client.RPush(context.WithoutCancel(ctx), prefix+"stopped", cause)
 				return nil, ctx.Err()
 			}
 			return nil, client.RPush(ctx, prefix+"handled", "child:"+string(job.Payload)).Err()
@@ -54,9 +63,22 @@ func TestConsumerProcess(t *testing.T) {
 func TestKillConsumerMidJob(t *testing.T) {
 	t.Parallel()
 	client, prefix := testserver.Redis(t)
+	cmd := midJobConsumer(t, client, prefix)
+	require.NoError(t, cmd.Process.Kill()) // SIGKILL: no release, no ack
+	killed := time.Now()
+	_ = cmd.Wait()
+	moved := takeOver(t, client, prefix, killed)
+	t.Logf("the blocking job was redelivered %v after the kill (lease %v)", moved, killTTL)
+	require.Less(t, moved, 3*killTTL+time.Second, "the partition took far longer than a lease to move")
+}
+
+// midJobConsumer starts the consumer process, enqueues jobs 0, 1, block, 3
+// and 4 and returns once the process has handled 0 and 1 and is inside
+// block.
+func midJobConsumer(t *testing.T, client *redis.Client, prefix string) *exec.Cmd {
+	t.Helper()
 	url, err := testserver.RedisURL()
 	require.NoError(t, err)
-
 	cmd := exec.Command(os.Args[0], "-test.run=^TestConsumerProcess$")
 	cmd.Env = append(os.Environ(), childPrefixEnv+"="+prefix, childURLEnv+"="+url)
 	require.NoError(t, cmd.Start())
@@ -68,10 +90,14 @@ func TestKillConsumerMidJob(t *testing.T) {
 	}
 	_, err = client.BLPop(t.Context(), 20*time.Second, prefix+"started").Result()
 	require.NoError(t, err, "the consumer process never reached the blocking job")
-	require.NoError(t, cmd.Process.Kill()) // SIGKILL: no release, no ack
-	killed := time.Now()
-	_ = cmd.Wait()
+	return cmd
+}
 
+// takeOver starts a live consumer and checks that it redelivers the job the
+// consumer process was in, then the later ones, in order; it returns how
+// long after since the redelivery came.
+func takeOver(t *testing.T, client *redis.Client, prefix string, since time.Time) time.Duration {
+	t.Helper()
 	instance(t, client, prefix, redisq.Config{Partitions: 1, LeaseTTL: killTTL, Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
 		return nil, client.RPush(ctx, prefix+"handled", "live:"+string(job.Payload)).Err()
 	}})
@@ -84,12 +110,29 @@ func TestKillConsumerMidJob(t *testing.T) {
 		require.NoError(t, err, "handled so far: %v", handled)
 		handled = append(handled, res[1])
 		if len(handled) == 3 {
-			moved = time.Since(killed)
+			moved = time.Since(since)
 		}
 	}
-	t.Logf("the blocking job was redelivered %v after the kill (lease %v)", moved, killTTL)
 	require.Equal(t, []string{"child:0", "child:1", "live:block", "live:3", "live:4"}, handled)
-	require.Less(t, moved, 3*killTTL+time.Second, "the partition took far longer than a lease to move")
+	return moved
+}
+
+// SIGSTOP of a consumer mid-job, past its lease: its partition moves as if
+// it had died; when it resumes, its handler's ctx has ended with
+// ErrLockLost (its timer ran out while it was stopped) and it handles
+// nothing more.
+func TestFaultStopPastLease(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	cmd := midJobConsumer(t, client, prefix)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
+	takeOver(t, client, prefix, time.Now())
+	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
+	res, err := client.BLPop(t.Context(), 10*time.Second, prefix+"stopped").Result()
+	require.NoError(t, err, "the resumed consumer's handler was never stopped")
+	require.Equal(t, "lost", res[1], "why the resumed consumer's handler was stopped")
+	left, err := client.BLPop(t.Context(), 2*killTTL, prefix+"handled").Result()
+	require.ErrorIs(t, err, redis.Nil, "the resumed consumer handled %v", left)
 }
 
 // A worker whose lease is lost mid-job sees its handler's ctx cancelled with
