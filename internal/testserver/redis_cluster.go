@@ -3,6 +3,7 @@ package testserver
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -12,11 +13,27 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// RedisCluster starts a Redis Cluster of masters nodes (no replicas) for t
-// alone and returns a client of it: [StartCluster] with no replicas.
+// RedisClusterEnv names an existing Redis Cluster for [RedisCluster] to use
+// instead of starting one: the host:port of some of its nodes, separated by
+// commas.
+const RedisClusterEnv = "CONTEND_REDIS_CLUSTER_ADDRS"
+
+// RedisCluster returns a client of a Redis Cluster, closed when t ends: the
+// one [RedisClusterEnv] names, shared with whatever else uses it (tests keep
+// their keys under a prefix of their own), or else one of masters nodes (no
+// replicas) that it starts for t alone, [StartCluster] with no replicas.
 func RedisCluster(t testing.TB, masters int) *redis.ClusterClient {
 	t.Helper()
-	return StartCluster(t, ClusterOptions{Masters: masters}).Client
+	addrs := os.Getenv(RedisClusterEnv)
+	if addrs == "" {
+		return StartCluster(t, ClusterOptions{Masters: masters}).Client
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+	t.Cleanup(func() { c.Close() })
+	if err := c.ForEachMaster(context.Background(), func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() }); err != nil {
+		t.Fatalf("testserver: redis cluster at %s=%s: %v", RedisClusterEnv, addrs, err)
+	}
+	return c
 }
 
 // ClusterOptions says what Redis Cluster [StartCluster] makes.
