@@ -52,13 +52,13 @@ func next(t testing.TB, ch <-chan handling, d time.Duration) handling {
 	}
 }
 
-// recorder is a handler that records each delivery on ch; "block" makes
-// instance who wait until its ctx ends (first, when it is the one to block).
+// recorder is a handler that records each delivery on ch; when block is
+// set, the first delivery of "block" waits until its ctx ends.
 func recorder(who string, ch chan<- handling, block bool) queue.Handler {
 	return func(ctx context.Context, job queue.Job) ([]byte, error) {
 		fence, _ := redisq.Fence(ctx)
 		ch <- handling{who: who, payload: string(job.Payload), fence: fence, at: time.Now()}
-		if block && string(job.Payload) == "block" {
+		if block && string(job.Payload) == "block" && job.Attempt == 1 {
 			<-ctx.Done()
 			ch <- handling{who: who, payload: "cut short", fence: fence, at: time.Now(), cause: context.Cause(ctx)}
 			return nil, ctx.Err()
@@ -248,4 +248,55 @@ func TestFaultRedisRestart(t *testing.T) {
 	after := next(t, got, time.Second)
 	require.Equal(t, "after", after.payload, "the jobs in Redis at the restart are gone")
 	require.Greater(t, after.fence, first.fence)
+}
+
+// A master of a Cluster with replicas is killed while it holds a
+// partition's lease, with a job running under it: the owner's handler sees
+// ErrLockLost when the lease's validity passes, on its timer, whatever the
+// calls to the dead master do; once a replica has taken over, the
+// partition is taken again (the replica had the lease and the stream: the
+// test waits for the copy, as WAIT would), the interrupted job is
+// redelivered under a larger fencing token, the later ones follow in
+// order, and Submit works again.
+func TestFaultClusterMasterStopped(t *testing.T) {
+	t.Parallel()
+	cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3, Replicas: 1, NodeTimeout: time.Second})
+	prefix := clusterPrefix(t, cl.Client)
+	const ttl = time.Second
+	got := make(chan handling, 16)
+	instance(t, cl.Client, prefix, redisq.Config{Partitions: 1, LeaseTTL: ttl, Handler: recorder("owner", got, true)})
+	producer := instance(t, cl.Client, prefix, redisq.Config{Partitions: 1})
+	for _, p := range []string{"block", "after"} {
+		require.NoError(t, producer.Enqueue(t.Context(), "k", []byte(p)))
+	}
+	first := next(t, got, 10*time.Second)
+	require.Equal(t, "block", first.payload)
+
+	ctx := t.Context()
+	master, err := cl.Client.MasterForKey(ctx, prefix+"lease:{partition:0}")
+	require.NoError(t, err)
+	stream, err := cl.Client.MasterForKey(ctx, prefix+"{0}")
+	require.NoError(t, err)
+	for _, m := range []*redis.Client{master, stream} {
+		n, err := m.Wait(ctx, 1, 5*time.Second).Result()
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "the replica did not get the lease and the stream")
+	}
+	crashed := time.Now()
+	require.NoError(t, cl.Node(master.Options().Addr).Kill())
+	t.Logf("killed the lease's master; the stream's is %s", map[bool]string{true: "the same", false: "another"}[stream.Options().Addr == master.Options().Addr])
+
+	stopped := next(t, got, 5*time.Second)
+	require.ErrorIs(t, stopped.cause, contend.ErrLockLost)
+	require.Less(t, stopped.at.Sub(crashed), ttl+200*time.Millisecond, "the owner learned of the loss after its lease")
+	again := next(t, got, 20*time.Second)
+	require.Equal(t, "block", again.payload, "the interrupted job comes first")
+	require.Greater(t, again.fence, first.fence)
+	require.Equal(t, "after", next(t, got, 10*time.Second).payload)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	v, err := producer.Submit(sctx, "k", []byte("post"))
+	require.NoError(t, err)
+	require.Equal(t, "post", string(v))
+	t.Logf("lease lost %v after the crash, the job redelivered %v after it", stopped.at.Sub(crashed).Round(time.Millisecond), again.at.Sub(crashed).Round(time.Millisecond))
 }
