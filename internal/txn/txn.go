@@ -275,6 +275,43 @@ func (e ender) end(op string, call func() error) error {
 	}, e.abandon)
 }
 
+// ErrNoAnswer marks the errors of [Within] and [Watch]: the server's answer
+// did not come in time, and the call was left to finish on its own. What the
+// call was to write (a scanned row) must not be read; a connection it holds
+// must be closed without waiting for it.
+var ErrNoAnswer = errors.New("no answer from the server in time")
+
+// CancelGrace is how long [Watch] waits, after ctx ended, for a statement
+// to report that it was cut short.
+const CancelGrace = 250 * time.Millisecond
+
+// Watch runs call, a statement sent under ctx, and returns its error. When
+// ctx ends first and call has not returned [CancelGrace] later, Watch returns
+// ctx's error (marked [ErrNoAnswer]) and leaves call to finish alone. pgx
+// stops reading when ctx ends; lib/pq asks the server to cancel the
+// statement and waits for its answer, which a silent network never brings,
+// so the caller would wait until the kernel gives up on the connection.
+func Watch(ctx context.Context, call func() error) error {
+	if ctx.Done() == nil {
+		return call()
+	}
+	done := make(chan error, 1)
+	go func() { done <- call() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(CancelGrace)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("%w %v after ctx ended: %w", ErrNoAnswer, CancelGrace, context.Cause(ctx))
+	}
+}
+
 // Within runs call on a goroutine of its own and returns its error, or,
 // once bound has passed without an answer, calls giveUp and returns an
 // error matching [context.DeadlineExceeded] that names op. call then goes on
@@ -292,6 +329,6 @@ func Within(op string, bound time.Duration, call func() error, giveUp func()) er
 		return err
 	case <-t.C:
 		giveUp()
-		return fmt.Errorf("%s: no answer from the server within %v, the outcome is unknown: %w", op, bound, context.DeadlineExceeded)
+		return fmt.Errorf("%s: %w within %v, the outcome is unknown: %w", op, ErrNoAnswer, bound, context.DeadlineExceeded)
 	}
 }

@@ -1,0 +1,255 @@
+package txntest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/faultproxy"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/txn"
+)
+
+// Table is the table every subject works on: one row per key, with a counter
+// fn adds to, a version for the optimistic guard, and owner and lease
+// columns for the claimer. Its rows exist before the faults strike.
+const Table = "fault_items"
+
+const schemaSQL = `CREATE TABLE ` + Table + ` (
+	id text PRIMARY KEY,
+	n int NOT NULL DEFAULT 0,
+	version bigint NOT NULL DEFAULT 0,
+	owner text,
+	lease timestamptz)`
+
+// Fn is the guarded work: it adds 1 to key's n through q, when the guard
+// hands it a querier (nil when the guard writes itself, as a Store does),
+// then lets the fault strike.
+type Fn func(ctx context.Context, q contend.DBTX) error
+
+// Op runs the subject once for key with fn as its work. A subject with a
+// function to run calls fn inside it; a single statement (atomic.Update)
+// calls fn(ctx, nil) first and then runs the statement that adds 1 itself.
+type Op func(ctx context.Context, key string, fn Fn) error
+
+// A Subject is one SQL guard put through the faults.
+type Subject struct {
+	// New builds the guard on db, with finish as its FinishTimeout.
+	New func(t testing.TB, db *sqlx.DB, finish time.Duration) Op
+	// Transactional says fn's writes commit or roll back with the guard
+	// (all but the claimer, whose fn writes straight to the pool).
+	Transactional bool
+	// Lease is the claimer's lease: a claim whose release was lost holds
+	// that long. Zero for the others.
+	Lease time.Duration
+}
+
+// Bounds of the faults: ctx's deadline, the subjects' finish bound, and the
+// slack allowed for scheduling on a loaded machine. A call returns within
+// Deadline + txn.CancelGrace + Finish: a statement the network swallowed is
+// given up CancelGrace after ctx's end, and the rollback after it Finish.
+const (
+	Deadline = 800 * time.Millisecond
+	Finish   = 400 * time.Millisecond
+	Slack    = 400 * time.Millisecond
+	Bound    = Deadline + txn.CancelGrace + Finish
+)
+
+// Add adds 1 to key's n through q.
+func Add(ctx context.Context, q contend.DBTX, key string) error {
+	_, err := q.ExecContext(ctx, `UPDATE `+Table+` SET n = n + 1 WHERE id = $1`, key)
+	return err
+}
+
+// scene is one fault test's world: a fresh schema with key's row, a pool
+// straight to the server and the subject built on a pool through a proxy.
+type scene struct {
+	direct *sqlx.DB
+	proxy  *faultproxy.Proxy
+	op     Op
+	key    string
+}
+
+func newScene(t *testing.T, s Subject, driver string) scene {
+	t.Helper()
+	url := testserver.Postgres(t)
+	direct := testserver.Open(t, driver, url)
+	// Advisory locks are the whole database's: a key of its own per test.
+	key := testserver.RandomName("k-")
+	_, err := direct.Exec(schemaSQL)
+	require.NoError(t, err)
+	_, err = direct.Exec(`INSERT INTO `+Table+` (id) VALUES ($1)`, key)
+	require.NoError(t, err)
+	proxy, proxied := Proxied(t, url)
+	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Open(t, driver, proxied), Finish), key: key}
+	// Before the subject's own cleanup: a statement still waiting on a
+	// silent connection would hold it (closing a prepared statement waits).
+	t.Cleanup(proxy.Reset)
+	return sc
+}
+
+// Faults runs s through the network faults, under both drivers: a
+// connection reset mid-transaction, silence during the commit, added
+// latency, and the server restarted mid-transaction. Each checks what the
+// caller sees, that Do returns within ctx's deadline plus the finish bound,
+// that nothing is half-written and that nothing stays held.
+func Faults(t *testing.T, s Subject) {
+	for _, driver := range testserver.Drivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			t.Run("reset mid-transaction", func(t *testing.T) { t.Parallel(); reset(t, s, driver) })
+			t.Run("silence during commit", func(t *testing.T) { t.Parallel(); silence(t, s, driver) })
+			t.Run("latency", func(t *testing.T) { t.Parallel(); latency(t, s, driver) })
+		})
+	}
+}
+
+// outcome is what one Op did.
+type outcome struct {
+	err  error
+	took time.Duration
+}
+
+// run runs op on a goroutine and fails t when it outlives limit: a guard
+// that waits on the network past its bounds would otherwise hang the test.
+func run(t *testing.T, ctx context.Context, sc scene, fn Fn, limit time.Duration) outcome {
+	t.Helper()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- sc.op(ctx, sc.key, fn) }()
+	select {
+	case err := <-done:
+		return outcome{err: err, took: time.Since(start)}
+	case <-time.After(limit + 5*time.Second):
+		t.Fatalf("still running %v after it began, past its bound of %v", time.Since(start), limit)
+		return outcome{}
+	}
+}
+
+func count(t *testing.T, sc scene) int {
+	t.Helper()
+	var n int
+	require.NoError(t, sc.direct.Get(&n, `SELECT n FROM `+Table+` WHERE id = $1`, sc.key))
+	return n
+}
+
+// Free reports whether nothing holds key: its row can be locked at once, its
+// advisory key taken at once, and it is not claimed (or its lease passed).
+func Free(ctx context.Context, direct *sqlx.DB, key string) (bool, error) {
+	tx, err := direct.BeginTxx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = 1`); err != nil {
+		return false, err
+	}
+	var unclaimed bool
+	if err := tx.GetContext(ctx, &unclaimed, `SELECT owner IS NULL OR lease < now() FROM `+Table+` WHERE id = $1 FOR UPDATE NOWAIT`, key); err != nil {
+		return false, nil // held (55P03)
+	}
+	var advisory bool
+	if err := tx.GetContext(ctx, &advisory, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, key); err != nil {
+		return false, err
+	}
+	return unclaimed && advisory, nil
+}
+
+// requireFreeWithin fails t unless key is free within d.
+func requireFreeWithin(t *testing.T, sc scene, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		free, err := Free(t.Context(), sc.direct, sc.key)
+		return err == nil && free
+	}, d, 10*time.Millisecond, "still held %v after the fault", d)
+	return time.Since(start)
+}
+
+// The connection breaks (RST) after fn's write, and fn's next statement
+// meets the broken connection. The server sees the close at once: it rolls
+// back and lets go.
+func reset(t *testing.T, s Subject, driver string) {
+	sc := newScene(t, s, driver)
+
+	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
+	defer cancel()
+	o := run(t, ctx, sc, func(ctx context.Context, q contend.DBTX) error {
+		if q != nil {
+			if err := Add(ctx, q, sc.key); err != nil {
+				return err
+			}
+		}
+		sc.proxy.Reset()
+		if q == nil {
+			return nil
+		}
+		_, err := q.ExecContext(ctx, `SELECT 1`)
+		return err
+	}, Bound)
+	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
+	require.Less(t, o.took, Bound+Slack)
+	freeAfter := requireFreeWithin(t, sc, time.Second)
+	n := count(t, sc)
+	switch {
+	case o.err == nil:
+		require.Equal(t, 1, n, "Do succeeded: the write is there")
+	case s.Transactional:
+		require.Zero(t, n, "Do failed: nothing of fn's transaction is there")
+	}
+	t.Logf("%s: n = %d, free %v after Do returned", driver, n, freeAfter)
+}
+
+// The network goes silent (no reply, no reset) once fn has written: the
+// commit, or the claimer's release, gets no answer. Do returns by ctx's
+// deadline plus the finish bound, with an error matching
+// context.DeadlineExceeded; the server never got the COMMIT, so nothing of
+// fn's transaction is applied, and the locks go once the server ends the
+// silent session (its idle_in_transaction_session_timeout).
+func silence(t *testing.T, s Subject, driver string) {
+	sc := newScene(t, s, driver)
+
+	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
+	defer cancel()
+	o := run(t, ctx, sc, func(ctx context.Context, q contend.DBTX) error {
+		if q != nil {
+			if err := Add(ctx, q, sc.key); err != nil {
+				return err
+			}
+		}
+		sc.proxy.Blackhole()
+		return nil
+	}, Bound)
+	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
+	require.ErrorIs(t, o.err, context.DeadlineExceeded)
+	require.Less(t, o.took, Bound+Slack)
+	freeAfter := requireFreeWithin(t, sc, IdleInTransaction+s.Lease+2*time.Second)
+	n := count(t, sc)
+	if s.Transactional {
+		require.Zero(t, n, "a commit the server never got was applied")
+	}
+	t.Logf("%s: n = %d, free %v after Do returned", driver, n, freeAfter)
+}
+
+// Every exchange takes 20ms longer each way: Do succeeds, slower.
+func latency(t *testing.T, s Subject, driver string) {
+	sc := newScene(t, s, driver)
+	sc.proxy.SetLatency(20 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	o := run(t, ctx, sc, func(ctx context.Context, q contend.DBTX) error {
+		if q != nil {
+			return Add(ctx, q, sc.key)
+		}
+		return nil
+	}, 5*time.Second)
+	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
+	require.NoError(t, o.err)
+	require.Equal(t, 1, count(t, sc))
+	requireFreeWithin(t, sc, time.Second)
+}
