@@ -223,7 +223,8 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	}
 	var claimed, exists bool
-	switch err := claim.QueryRowContext(ctx, args...).Scan(&claimed, &exists); {
+	err = txn.Watch(ctx, func() error { return claim.QueryRowContext(ctx, args...).Scan(&claimed, &exists) })
+	switch {
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	case claimed:
@@ -352,12 +353,23 @@ func (c *Claimer) doInTx(ctx context.Context, key, tok string, fn func(ctx conte
 func (c *Claimer) releaseAfter(ctx context.Context, key, tok string) (released bool, err error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.finish)
 	defer cancel()
-	err = txn.Within("atomic: release "+strconv.Quote(key), c.finish, func() (err error) {
-		released, err = c.Release(rctx, key, tok)
+	// The answer travels as the error only: a release given up on still
+	// finishes, and must write nothing Do reads.
+	err = txn.Within("atomic: release "+strconv.Quote(key), c.finish, func() error {
+		released, err := c.Release(rctx, key, tok)
+		if err == nil && !released {
+			return errNotReleased
+		}
 		return err
 	}, cancel)
-	return released, err
+	if err == errNotReleased {
+		return false, nil
+	}
+	return err == nil, err
 }
+
+// errNotReleased is a release that found the claim gone.
+var errNotReleased = errors.New("atomic: claim not released")
 
 func checkKey(op, key string) error {
 	if key == "" {
@@ -392,10 +404,17 @@ func (c *Claimer) applied(ctx context.Context, s *sql.Stmt, args ...any) (bool, 
 	if err != nil {
 		return false, err
 	}
-	res, err := stmt.ExecContext(ctx, args...)
+	var n int64
+	err = txn.Watch(ctx, func() error {
+		res, err := stmt.ExecContext(ctx, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return false, err
 	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+	return n == 1, nil
 }

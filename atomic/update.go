@@ -31,11 +31,15 @@ func UpdateN(ctx context.Context, db contend.DBTX, n int64, query string, args .
 	if txn.IsNil(db) {
 		return false, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
 	}
-	res, err := db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return false, err
-	}
-	got, err := res.RowsAffected()
+	var got int64
+	err = txn.Watch(ctx, func() error {
+		res, err := db.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		got, err = res.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return false, err
 	}

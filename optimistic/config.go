@@ -9,6 +9,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqlident"
+	"github.com/contend/contend/internal/txn"
 )
 
 // Config names the table and columns a [Store] or a [Guard] works on and
@@ -118,20 +119,31 @@ func checkKey(op string, key any) error {
 	return nil
 }
 
-// scanRow runs a query that returns at most one row and scans it into dest.
+// scanRow runs a query that returns at most one row and scans it into dest,
+// which must not be read when it fails: the statement may be left to finish
+// on its own (see txn.Watch).
 func scanRow(ctx context.Context, q contend.DBTX, query string, args []any, dest ...any) error {
-	return preferCtx(ctx, q.QueryRowContext(ctx, query, args...).Scan(dest...))
+	return preferCtx(ctx, txn.Watch(ctx, func() error {
+		return q.QueryRowContext(ctx, query, args...).Scan(dest...)
+	}))
 }
 
 // execApplied runs a statement and reports whether it affected exactly one
 // row.
 func execApplied(ctx context.Context, q contend.DBTX, query string, args ...any) (bool, error) {
-	res, err := q.ExecContext(ctx, query, args...)
+	var n int64
+	err := txn.Watch(ctx, func() error {
+		res, err := q.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
 	if err != nil {
 		return false, preferCtx(ctx, err)
 	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+	return n == 1, nil
 }
 
 // preferCtx makes a statement's failure match ctx's error when ctx has

@@ -199,7 +199,7 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		q, retry = h.Tx, contend.Retry{MaxAttempts: 1}
 	}
 	var version int64 // of the last attempt's read
-	attempts, err := retry.Do(ctx, func(ctx context.Context) error {
+	attempts, err := retry.Do(ctx, func(ctx context.Context) (err error) {
 		q := q
 		if p, ok := q.(pool); ok {
 			// One connection for the read and the write: taking one from a
@@ -207,11 +207,19 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 			// write waits for a connection, and every writer that commits
 			// in that wait turns this attempt into a loss. On a hot row with
 			// a busy pool that cut the attempts per success several-fold.
-			c, err := p.Conn(ctx)
-			if err != nil {
-				return preferCtx(ctx, err)
+			c, cerr := p.Conn(ctx)
+			if cerr != nil {
+				return preferCtx(ctx, cerr)
 			}
-			defer c.Close()
+			defer func() {
+				if errors.Is(err, txn.ErrNoAnswer) {
+					// A statement still waits on c, and Close would wait
+					// for it: the pool gets c back when it returns.
+					go c.Close()
+					return
+				}
+				c.Close()
+			}()
 			q = c
 		}
 		var v T

@@ -96,7 +96,9 @@ func (r *runner) run(ctx context.Context, what func() string, lock, fn func(cont
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
 	_, err = txn.Run(ctx, r.db, r.opts, func(ctx context.Context, tx contend.DBTX) error {
-		if err := r.lock(ctx, tx, h.Owned(), lock); err != nil {
+		// Watched: a lock statement the network swallowed must not hold the
+		// call past ctx (the rollback that follows is bounded too).
+		if err := txn.Watch(ctx, func() error { return r.lock(ctx, tx, h.Owned(), lock) }); err != nil {
 			return r.classify(ctx, what, err)
 		}
 		return fn(ctx, tx)

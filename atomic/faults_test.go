@@ -1,0 +1,46 @@
+package atomic_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/atomic"
+	"github.com/contend/contend/internal/txn/txntest"
+)
+
+// Update is one statement: the fault strikes just before it.
+func TestUpdateUnderNetworkFaults(t *testing.T) {
+	txntest.Faults(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, _ time.Duration) txntest.Op {
+		return func(ctx context.Context, key string, fn txntest.Fn) error {
+			if err := fn(ctx, nil); err != nil {
+				return err
+			}
+			applied, err := atomic.Update(ctx, db, `UPDATE `+txntest.Table+` SET n = n + 1 WHERE id = $1`, key)
+			if err == nil && !applied {
+				t.Errorf("update of %s did not apply", key)
+			}
+			return err
+		}
+	}})
+}
+
+// The claimer's fn writes straight to the pool; what the faults test is the
+// claim and its release.
+func TestClaimerUnderNetworkFaults(t *testing.T) {
+	const lease = time.Second
+	txntest.Faults(t, txntest.Subject{Lease: lease, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+		c, err := atomic.NewClaimer(t.Context(), db, atomic.ClaimConfig{
+			Table: txntest.Table, OwnerColumn: "owner", LeaseColumn: "lease", Lease: lease, FinishTimeout: finish,
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() { c.Close() })
+		return func(ctx context.Context, key string, fn txntest.Fn) error {
+			return c.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, contend.Querier(ctx, db)) })
+		}
+	}})
+}
