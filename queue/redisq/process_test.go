@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -24,14 +25,54 @@ import (
 // and their unacknowledged jobs over) during the run; the test process
 // drains what is left. Delivery is at least once, so a job may be handled
 // twice in a row after a hand-over, never out of order.
+//
+// It runs on one Redis node and on a Redis Cluster.
 func TestOrderPerKeyAcrossProcesses(t *testing.T) {
+	for _, d := range deployments {
+		t.Run(d.name, func(t *testing.T) { orderAcrossProcesses(t, d.setup) })
+	}
+}
+
+// deployments are the Redis deployments the tests across processes run on.
+// setup runs in the test process and returns a client and the params that
+// tell the workers where Redis is and which prefix to use ([workerRedis]
+// reads them).
+var deployments = []struct {
+	name  string
+	setup func(t *testing.T) (redis.UniversalClient, harness.Params)
+}{
+	{"one_node", func(t *testing.T) (redis.UniversalClient, harness.Params) {
+		client, prefix := testserver.Redis(t)
+		return client, harness.Params{"prefix": prefix}
+	}},
+	{"cluster", func(t *testing.T) (redis.UniversalClient, harness.Params) {
+		c := testserver.RedisCluster(t, 3)
+		return c, harness.Params{"prefix": clusterPrefix(t, c), "cluster": strings.Join(c.Options().Addrs, ",")}
+	}},
+}
+
+// workerRedis returns, in a worker process, a client of the Redis that a
+// deployment's params name, closed when t ends.
+func workerRedis(t testing.TB, p harness.Params) redis.UniversalClient {
+	addrs := p["cluster"]
+	if addrs == "" {
+		client, _ := testserver.Redis(t)
+		return client
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// orderAcrossProcesses runs the test above on the deployment setup makes.
+func orderAcrossProcesses(t *testing.T, setup func(t *testing.T) (redis.UniversalClient, harness.Params)) {
 	const (
 		processes = 3
 		keys      = 6
 		perKey    = 15
 	)
 	var (
-		client *redis.Client
+		client redis.UniversalClient
 		prefix string
 	)
 	ks := make([]string, keys)
@@ -40,11 +81,13 @@ func TestOrderPerKeyAcrossProcesses(t *testing.T) {
 	}
 	harness.Run(t, harness.Config{Processes: processes, Goroutines: 1, Ops: keys * perKey, Keys: ks},
 		func() harness.Params {
-			client, prefix = testserver.Redis(t)
-			return harness.Params{"prefix": prefix}
+			var p harness.Params
+			client, p = setup(t)
+			prefix = p["prefix"]
+			return p
 		},
 		func(t testing.TB, p harness.Params) harness.Op {
-			client, _ := testserver.Redis(t)
+			client := workerRedis(t, p)
 			pid := strconv.Itoa(os.Getpid())
 			q := instance(t, client, p["prefix"], redisq.Config{Handler: record(client, p["prefix"], pid)})
 			var (

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
@@ -104,8 +105,16 @@ func sellOnce(db *sqlx.DB) queue.BatchHandler {
 // (1536 in all), sold through Submit and a batch handler. Exactly 1000 are
 // sold, the stock never goes below zero (a CHECK refuses it on every
 // write), and every buyer gets an answer, sold or sold out, although the
-// product's partition moves between processes as they finish.
+// product's partition moves between processes as they finish. It runs on
+// one Redis node and on a Redis Cluster.
 func TestSellAcrossProcesses(t *testing.T) {
+	for _, d := range deployments {
+		t.Run(d.name, func(t *testing.T) { sellAcrossProcesses(t, d.setup) })
+	}
+}
+
+// sellAcrossProcesses runs the test above on the deployment setup makes.
+func sellAcrossProcesses(t *testing.T, setup func(t *testing.T) (redis.UniversalClient, harness.Params)) {
 	const (
 		processes, buyers, buys = 3, 64, 8
 		stock                   = 1000
@@ -119,11 +128,12 @@ func TestSellAcrossProcesses(t *testing.T) {
 			_, err := db.Exec(`ALTER TABLE products ADD CHECK (stock >= 0);
 				CREATE TABLE sales (id text PRIMARY KEY, sold boolean NOT NULL DEFAULT false)`)
 			require.NoError(t, err)
-			_, prefix := testserver.Redis(t)
-			return harness.Params{"postgres": url, "prefix": prefix}
+			_, p := setup(t)
+			p["postgres"] = url
+			return p
 		},
 		func(t testing.TB, p harness.Params) harness.Op {
-			client, _ := testserver.Redis(t)
+			client := workerRedis(t, p)
 			db := testserver.Open(t, "pgx", p["postgres"])
 			q := instance(t, client, p["prefix"], redisq.Config{BatchHandler: sellOnce(db)})
 			return func(ctx context.Context, key string) error {
