@@ -312,3 +312,33 @@ func testDuplicateAnswer(t *testing.T, client redis.UniversalClient, prefix stri
 		require.Equal(t, strconv.Itoa(i), string(got))
 	}
 }
+
+// Close returns by its ctx's deadline even when a handler does not heed its
+// ctx, and says which partitions' workers still run; Run returns once the
+// handler has, and a later Close then succeeds.
+func TestCloseReturnsByDeadline(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	q, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 1, Handler: func(context.Context, queue.Job) ([]byte, error) {
+		close(entered)
+		<-release // ignores its ctx
+		return nil, nil
+	}})
+	require.NoError(t, err)
+	ran := make(chan error, 1)
+	go func() { ran <- q.Run(context.Background()) }()
+	require.NoError(t, q.Enqueue(t.Context(), "k", nil))
+	<-entered
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err = q.Close(ctx)
+	took := time.Since(began)
+	close(release)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "partitions [0]")
+	require.Less(t, took, time.Second, "Close waited past its ctx's deadline")
+	require.NoError(t, <-ran)
+	require.NoError(t, q.Close(t.Context()))
+}
