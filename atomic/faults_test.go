@@ -14,8 +14,8 @@ import (
 )
 
 // Update is one statement: the fault strikes just before it.
-func TestUpdateUnderNetworkFaults(t *testing.T) {
-	txntest.Faults(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, _ time.Duration) txntest.Op {
+func TestUpdateUnderFaults(t *testing.T) {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, _ time.Duration) txntest.Op {
 		return func(ctx context.Context, key string, fn txntest.Fn) error {
 			if err := fn(ctx, nil); err != nil {
 				return err
@@ -31,9 +31,9 @@ func TestUpdateUnderNetworkFaults(t *testing.T) {
 
 // The claimer's fn writes straight to the pool; what the faults test is the
 // claim and its release.
-func TestClaimerUnderNetworkFaults(t *testing.T) {
+func TestClaimerUnderFaults(t *testing.T) {
 	const lease = time.Second
-	txntest.Faults(t, txntest.Subject{Lease: lease, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+	txntest.Run(t, txntest.Subject{Lease: lease, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
 		c, err := atomic.NewClaimer(t.Context(), db, atomic.ClaimConfig{
 			Table: txntest.Table, OwnerColumn: "owner", LeaseColumn: "lease", Lease: lease, FinishTimeout: finish,
 		})

@@ -13,8 +13,8 @@ import (
 	"github.com/contend/contend/optimistic"
 )
 
-func TestGuardUnderNetworkFaults(t *testing.T) {
-	txntest.Faults(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+func TestGuardUnderFaults(t *testing.T) {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
 		g, err := optimistic.NewGuard(db, optimistic.Config{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
 		return func(ctx context.Context, key string, fn txntest.Fn) error {
@@ -34,8 +34,8 @@ type item struct {
 
 // A Store writes with one version-checked UPDATE, outside any transaction:
 // the fault strikes between its read and that write.
-func TestStoreUnderNetworkFaults(t *testing.T) {
-	txntest.Faults(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, _ time.Duration) txntest.Op {
+func TestStoreUnderFaults(t *testing.T) {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, _ time.Duration) txntest.Op {
 		s, err := optimistic.NewStore[item](db, optimistic.Config{Table: txntest.Table})
 		require.NoError(t, err)
 		return func(ctx context.Context, key string, fn txntest.Fn) error {

@@ -13,16 +13,16 @@ import (
 	"github.com/contend/contend/pessimistic"
 )
 
-func TestRowLockUnderNetworkFaults(t *testing.T) {
-	txntest.Faults(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+func TestRowLockUnderFaults(t *testing.T) {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
 		l, err := pessimistic.New(db, pessimistic.Config{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
 		return guardOp(l, db)
 	}})
 }
 
-func TestAdvisoryLockUnderNetworkFaults(t *testing.T) {
-	txntest.Faults(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+func TestAdvisoryLockUnderFaults(t *testing.T) {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
 		a, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{FinishTimeout: finish})
 		require.NoError(t, err)
 		return guardOp(a, db)

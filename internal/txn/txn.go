@@ -279,7 +279,7 @@ func (e ender) end(op string, call func() error) error {
 // did not come in time, and the call was left to finish on its own. What the
 // call was to write (a scanned row) must not be read; a connection it holds
 // must be closed without waiting for it.
-var ErrNoAnswer = errors.New("no answer from the server in time")
+var ErrNoAnswer = errors.New("no answer from the server")
 
 // CancelGrace is how long [Watch] waits, after ctx ended, for a statement
 // to report that it was cut short.

@@ -2,6 +2,7 @@ package txntest
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -92,20 +93,52 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 	return sc
 }
 
-// Faults runs s through the network faults, under both drivers: a
-// connection reset mid-transaction, silence during the commit, added
-// latency, and the server restarted mid-transaction. Each checks what the
-// caller sees, that Do returns within ctx's deadline plus the finish bound,
-// that nothing is half-written and that nothing stays held.
-func Faults(t *testing.T, s Subject) {
-	for _, driver := range testserver.Drivers {
-		t.Run(driver, func(t *testing.T) {
-			t.Parallel()
-			t.Run("reset mid-transaction", func(t *testing.T) { t.Parallel(); reset(t, s, driver) })
-			t.Run("silence during commit", func(t *testing.T) { t.Parallel(); silence(t, s, driver) })
-			t.Run("latency", func(t *testing.T) { t.Parallel(); latency(t, s, driver) })
-		})
+// Run puts s through every fault, under both drivers, each in a subtest:
+//
+//   - network: a connection reset mid-transaction, silence during the
+//     commit, added latency (through a fault proxy);
+//   - process: the holder's process SIGKILLed inside fn, or SIGSTOPped past
+//     its ctx's deadline and resumed (the test binary runs as the holder);
+//   - restart: the server restarted mid-transaction (a server of the test's
+//     own).
+//
+// Each checks what the caller sees, that the call returns within its bound,
+// that nothing is half-written and that nothing stays held. Run it from a
+// top-level test that does nothing else: in the holder process, Run plays
+// the holder.
+func Run(t *testing.T, s Subject) {
+	if orders := os.Getenv(holderEnv); orders != "" {
+		hold(t, s, orders)
+		return
 	}
+	t.Run("network", func(t *testing.T) {
+		t.Parallel()
+		for _, driver := range testserver.Drivers {
+			t.Run(driver, func(t *testing.T) {
+				t.Parallel()
+				t.Run("reset mid-transaction", func(t *testing.T) { t.Parallel(); reset(t, s, driver) })
+				t.Run("silence during commit", func(t *testing.T) { t.Parallel(); silence(t, s, driver) })
+				t.Run("latency", func(t *testing.T) { t.Parallel(); latency(t, s, driver) })
+			})
+		}
+	})
+	t.Run("process", func(t *testing.T) {
+		t.Parallel()
+		for _, driver := range testserver.Drivers {
+			t.Run(driver, func(t *testing.T) {
+				t.Parallel()
+				t.Run("holder killed", func(t *testing.T) { t.Parallel(); killed(t, s, driver) })
+				t.Run("holder stopped", func(t *testing.T) { t.Parallel(); stopped(t, s, driver) })
+			})
+		}
+	})
+	t.Run("restart", func(t *testing.T) {
+		t.Parallel()
+		pg := testserver.OwnPostgres(t)
+		for _, driver := range testserver.Drivers {
+			t.Run(driver, func(t *testing.T) { restarted(t, s, pg, driver) })
+		}
+	})
 }
 
 // outcome is what one Op did.
