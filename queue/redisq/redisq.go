@@ -609,7 +609,13 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 		// while the lease is still valid.
 		block := min(poll, time.Until(l.ValidUntil()))
 		if block < time.Millisecond {
-			continue // the lease ends now, unless a refresh moves it
+			// The lease ends now, unless a refresh moves it: wait for the
+			// one or the other without spinning.
+			select {
+			case <-hctx.Done():
+			case <-time.After(time.Millisecond):
+			}
+			continue
 		}
 		res, err := q.cfg.Redis.XReadGroup(hctx, &redis.XReadGroupArgs{
 			Group: group, Consumer: q.consumer, Streams: []string{stream, ">"},
