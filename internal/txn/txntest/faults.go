@@ -3,6 +3,7 @@ package txntest
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,16 +76,36 @@ type scene struct {
 	key    string
 }
 
+// newRow creates Table if need be and a row in it, and returns its key:
+// one of its own per test, since advisory locks are the whole database's.
+func newRow(t *testing.T, direct *sqlx.DB) string {
+	t.Helper()
+	key := testserver.RandomName("k-")
+	_, err := direct.Exec(strings.Replace(schemaSQL, "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+	require.NoError(t, err)
+	_, err = direct.Exec(`INSERT INTO `+Table+` (id) VALUES ($1)`, key)
+	require.NoError(t, err)
+	return key
+}
+
+// addThen is the fn of the fault cases: it adds 1 to key's n through q (when
+// the guard hands it one), then lets fault strike.
+func addThen(key string, fault func(ctx context.Context, q contend.DBTX) error) Fn {
+	return func(ctx context.Context, q contend.DBTX) error {
+		if q != nil {
+			if err := Add(ctx, q, key); err != nil {
+				return err
+			}
+		}
+		return fault(ctx, q)
+	}
+}
+
 func newScene(t *testing.T, s Subject, driver string) scene {
 	t.Helper()
 	url := testserver.Postgres(t)
 	direct := testserver.Open(t, driver, url)
-	// Advisory locks are the whole database's: a key of its own per test.
-	key := testserver.RandomName("k-")
-	_, err := direct.Exec(schemaSQL)
-	require.NoError(t, err)
-	_, err = direct.Exec(`INSERT INTO `+Table+` (id) VALUES ($1)`, key)
-	require.NoError(t, err)
+	key := newRow(t, direct)
 	proxy, proxied := Proxied(t, url)
 	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Open(t, driver, proxied), Finish), key: key}
 	// Before the subject's own cleanup: a statement still waiting on a
@@ -203,6 +224,16 @@ func requireFreeWithin(t *testing.T, sc scene, d time.Duration) time.Duration {
 	return time.Since(start)
 }
 
+// nextStatement is fn's statement after a fault, which meets it; without a
+// querier, the guard's own next statement does.
+func nextStatement(ctx context.Context, q contend.DBTX) error {
+	if q == nil {
+		return nil
+	}
+	_, err := q.ExecContext(ctx, `SELECT 1`)
+	return err
+}
+
 // The connection breaks (RST) after fn's write, and fn's next statement
 // meets the broken connection. The server sees the close at once: it rolls
 // back and lets go.
@@ -211,19 +242,10 @@ func reset(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, func(ctx context.Context, q contend.DBTX) error {
-		if q != nil {
-			if err := Add(ctx, q, sc.key); err != nil {
-				return err
-			}
-		}
+	o := run(t, ctx, sc, addThen(sc.key, func(ctx context.Context, q contend.DBTX) error {
 		sc.proxy.Reset()
-		if q == nil {
-			return nil
-		}
-		_, err := q.ExecContext(ctx, `SELECT 1`)
-		return err
-	}, Bound)
+		return nextStatement(ctx, q)
+	}), Bound)
 	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
 	require.Less(t, o.took, Bound+Slack)
 	freeAfter := requireFreeWithin(t, sc, time.Second)
@@ -248,15 +270,10 @@ func silence(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, func(ctx context.Context, q contend.DBTX) error {
-		if q != nil {
-			if err := Add(ctx, q, sc.key); err != nil {
-				return err
-			}
-		}
+	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, contend.DBTX) error {
 		sc.proxy.Blackhole()
 		return nil
-	}, Bound)
+	}), Bound)
 	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
 	require.ErrorIs(t, o.err, context.DeadlineExceeded)
 	require.Less(t, o.took, Bound+Slack)

@@ -39,16 +39,11 @@ func hold(t *testing.T, s Subject, orders string) {
 	op := s.New(t, db, Finish)
 	ctx, cancel := context.WithTimeout(context.Background(), HolderDeadline)
 	defer cancel()
-	err := op(ctx, key, func(ctx context.Context, q contend.DBTX) error {
-		if q != nil {
-			if err := Add(ctx, q, key); err != nil {
-				return err
-			}
-		}
+	err := op(ctx, key, addThen(key, func(ctx context.Context, _ contend.DBTX) error {
 		fmt.Println("holding")
 		<-ctx.Done()
 		return context.Cause(ctx)
-	})
+	}))
 	fmt.Printf("done %v\n", err)
 }
 
@@ -105,12 +100,7 @@ func holderScene(t *testing.T, s Subject, driver string) (scene, string) {
 	url := testserver.Postgres(t)
 	_, proxied := Proxied(t, url) // for its URL's settings; the proxy stays healthy
 	direct := testserver.Open(t, driver, url)
-	key := testserver.RandomName("k-")
-	_, err := direct.Exec(schemaSQL)
-	require.NoError(t, err)
-	_, err = direct.Exec(`INSERT INTO `+Table+` (id) VALUES ($1)`, key)
-	require.NoError(t, err)
-	return scene{direct: direct, op: s.New(t, direct, Finish), key: key}, proxied
+	return scene{direct: direct, op: s.New(t, direct, Finish), key: newRow(t, direct)}, proxied
 }
 
 // takeOver runs the subject for the key until it gets in, trying again after
@@ -197,30 +187,17 @@ func stopped(t *testing.T, s Subject, driver string) {
 // works again after.
 func restarted(t *testing.T, s Subject, pg *testserver.OwnedPostgres, driver string) {
 	direct := testserver.Open(t, driver, pg.URL())
-	key := testserver.RandomName("k-")
-	_, err := direct.Exec(strings.Replace(schemaSQL, "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
-	require.NoError(t, err)
-	_, err = direct.Exec(`INSERT INTO `+Table+` (id) VALUES ($1)`, key)
-	require.NoError(t, err)
+	key := newRow(t, direct)
 	sc := scene{direct: direct, op: s.New(t, testserver.Open(t, driver, pg.URL()), Finish), key: key}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	o := run(t, ctx, sc, func(ctx context.Context, q contend.DBTX) error {
-		if q != nil {
-			if err := Add(ctx, q, key); err != nil {
-				return err
-			}
-		}
+	o := run(t, ctx, sc, addThen(key, func(ctx context.Context, q contend.DBTX) error {
 		if err := pg.Restart(); err != nil {
 			return fmt.Errorf("restart: %w", err)
 		}
-		if q == nil {
-			return nil
-		}
-		_, err := q.ExecContext(ctx, `SELECT 1`)
-		return err
-	}, 10*time.Second)
+		return nextStatement(ctx, q)
+	}), 10*time.Second)
 	t.Logf("%s: Do returned after %v (restart included): %v", driver, o.took, o.err)
 	require.NotContains(t, fmt.Sprint(o.err), "restart:")
 	var n int
@@ -235,6 +212,6 @@ func restarted(t *testing.T, s Subject, pg *testserver.OwnedPostgres, driver str
 	}
 	requireFreeWithin(t, sc, s.Lease+time.Second)
 	// The pool works again.
-	_, err = takeOver(t, sc, 5*time.Second)
+	_, err := takeOver(t, sc, 5*time.Second)
 	require.NoError(t, err)
 }
