@@ -31,12 +31,14 @@ const LongEnv = "CONTEND_LONG"
 func long() bool { return os.Getenv(LongEnv) == "1" }
 
 // faultConfig is the load of the run under faults: short by default, so that
-// every guard's suite stays within a few seconds, long under [LongEnv].
+// every guard's suite stays within a few seconds, long under [LongEnv]. Keys
+// are many for few calls so that a fail-fast guard, whose lost races leave
+// nothing to check, still has calls that get in.
 func faultConfig(processes int) harness.Config {
 	if long() {
-		return harness.Config{Processes: processes, Goroutines: 16, Ops: 40, Keys: keys(6)}
+		return harness.Config{Processes: processes, Goroutines: 16, Ops: 40, Keys: keys(16)}
 	}
-	return harness.Config{Processes: processes, Goroutines: 8, Ops: 8, Keys: keys(3)}
+	return harness.Config{Processes: processes, Goroutines: 8, Ops: 8, Keys: keys(8)}
 }
 
 // opTimeout bounds each call of a run under faults, so that no fault can
