@@ -59,6 +59,35 @@
 // context: fn calls [Querier] to get the guard's transaction, or its own db
 // outside one, so one fn body works under every guard.
 //
+// # Nesting
+//
+// The SQL guards (atomic.Claimer, pessimistic.Locker and Advisory,
+// optimistic.Guard and Store) nest the same way. A guard built on a pool
+// that is called inside another SQL guard's fn joins that guard's
+// transaction, found in ctx: a row lock, a claim and a version check inside
+// a lock's fn are all statements of the one transaction. It never takes a
+// connection of its own there, which would wait for a row its own goroutine
+// locked: two sessions waiting on each other, invisible to the server's
+// deadlock detector, until ctx ends. Locks taken by nested guards are held
+// until the outer transaction ends.
+//
+// Inside a transaction it does not own, a guard runs once and never
+// retries: a lost race, a deadlock or a serialization failure is returned
+// (matching [ErrConflict], or as the server's error) for the owner of the
+// transaction to run it again from the start, since an aborted transaction
+// cannot go on and sleeping between retries would hold the owner's locks.
+// The outermost guard that owns the transaction retries what it would retry
+// on its own. A guard built on a caller's *sql.Tx behaves the same way.
+//
+// Which handle means which is decided from its type, never guessed: a
+// *sql.DB, *sql.Conn, sqlx's DB, or anything with BeginTx(ctx,
+// *sql.TxOptions) (*sql.Tx, error) is a pool on which the guard begins its
+// own transactions; a *sql.Tx or sqlx's Tx is a transaction the caller owns.
+// Anything else (a wrapper with only [DBTX]'s methods, which could be
+// either) is refused with [ErrInvalid] at construction, as are nil and typed
+// nil handles. Guards on different databases must not be nested: the inner
+// one would join a transaction of the other database.
+//
 // # Errors
 //
 // Do returns fn's error unchanged; [ErrConflict] (wrapped with the key) when the

@@ -24,6 +24,17 @@
 // claim, unlike a lock, is not undone by time: if its release is lost, it stays
 // until a lease column lets it expire (see [ClaimConfig.LeaseColumn]).
 //
+// Inside a transaction (fn of a SQL guard, found in ctx), a Claimer's
+// statements join it, so a claim nested in a row lock's fn never waits for
+// a lock of its own goroutine. A call returns within ctx's deadline plus
+// 250ms for a statement ctx cut short (plus [ClaimConfig.FinishTimeout] for
+// the release [Claimer.Do] makes after fn), under both drivers, also when
+// the network goes silent; a statement given up on may still have been
+// applied. [UpdateReturning] is the exception: it scans into the caller's
+// variables, so it returns when the driver does (pgx at ctx's end; lib/pq
+// only once the server answers, or the kernel gives up on a silent
+// connection).
+//
 // Statements use PostgreSQL's $n placeholders and work with both lib/pq and
 // pgx's stdlib driver.
 package atomic

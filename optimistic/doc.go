@@ -38,6 +38,24 @@
 // The number of attempts each Update and Do took reaches [Config.Observe], so
 // callers can see how contended their keys are and tune [Config.Retry].
 //
+// # Transactions and time
+//
+// A Guard built on a pool begins a transaction per attempt, unless ctx
+// carries one (fn of another SQL guard): then it joins it, as it does on a
+// caller's [*sql.Tx]. Inside a transaction it does not own, a Guard and
+// [Store.Update] make one attempt and return a lost race at once, for the
+// transaction's owner to run it again: a retry there would sleep while
+// holding the owner's locks. A handle that is neither a known pool nor a
+// known transaction is refused with [contend.ErrInvalid].
+//
+// A call returns within ctx's deadline plus 250ms for a statement of the
+// package's that ctx cut short, plus, for a Guard, [Config.FinishTimeout]
+// for its COMMIT or ROLLBACK: under both drivers, also when the network
+// goes silent, as long as fn's own statements return when ctx ends (lib/pq
+// waits for the server's answer to its cancel request, which a silent
+// network never brings). A commit given up on returns an error matching
+// [context.DeadlineExceeded]: it may or may not have been applied.
+//
 // # Limits
 //
 // Retries are the price, and they grow with contention: of n writers that

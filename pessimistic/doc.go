@@ -50,11 +50,33 @@
 //
 // # Whose transaction
 //
-// Built on a pool, a locker begins, commits and rolls back a transaction per
-// call, unless ctx already carries one (fn of another SQL guard, or of an
-// outer call): then it joins it, so nested locks share one transaction and
-// the server sees, and can break, any deadlock between them. Built on a
-// caller's [*sql.Tx], it only locks and runs fn there; the caller commits.
+// Built on a pool (a [*sql.DB], [*sql.Conn], sqlx's DB, or anything with
+// BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error)), a locker begins, commits
+// and rolls back a transaction per call, unless ctx already carries one (fn
+// of another SQL guard, or of an outer call): then it joins it, so nested
+// locks share one transaction and the server sees, and can break, any
+// deadlock between them. Built on a caller's [*sql.Tx] (or sqlx's Tx), it
+// only locks and runs fn there; the caller commits. Any other handle is
+// refused with [contend.ErrInvalid]: a wrapper with only
+// [contend.DBTX]'s methods could be either, and taken for a transaction
+// its statements would run in autocommit, each lock ending with the
+// statement that took it.
+//
+// # Time
+//
+// A call returns within ctx's deadline plus a grace of 250ms for a
+// statement cut short plus [Config.FinishTimeout] (default 5s), whatever the
+// network does, under lib/pq and pgx alike, as long as fn's own statements
+// return when ctx ends (pgx's do; lib/pq's wait for the server's answer to
+// its cancel request, which a silent network never brings). The COMMIT or
+// ROLLBACK is waited for as long as the server takes, up to
+// FinishTimeout, so on a working network a call never returns while the
+// server still holds its locks. When the bound passes, the call returns an
+// error matching [context.DeadlineExceeded] (after a COMMIT it may or may
+// not have been applied) and abandons the connection; the server rolls back
+// a transaction whose COMMIT it never got, and lets go of its locks, once
+// it notices the session is gone: set idle_in_transaction_session_timeout
+// and tcp_keepalives_* on the server to bound that too.
 //
 // # Why FOR NO KEY UPDATE
 //

@@ -63,7 +63,12 @@ type Config struct {
 	// lock_timeout): a longer wait gives up with an error matching
 	// [contend.ErrConflict], which is not ctx's error. PostgreSQL counts it
 	// in milliseconds. Default: 0, waits are bounded by ctx alone (and by the
-	// server's own lock_timeout, if one is set).
+	// server's own lock_timeout, if one is set). In a caller's transaction
+	// it covers the lock only, and the caller's lock_timeout is put back
+	// after it, also when the lock answers "no" without an error (a row held
+	// under SkipLocked, a missing row); a lock the server fails with an
+	// error aborts the transaction, and the caller's rollback (of it, or to
+	// a savepoint) undoes the setting.
 	LockTimeout time.Duration
 	// Isolation is the isolation level of the transactions the locker
 	// begins. Under REPEATABLE READ or SERIALIZABLE a lock on a row another
