@@ -293,6 +293,7 @@ func TestNewClaimerRefusesBadInput(t *testing.T) {
 		"bad key column":    {Table: "bots", KeyColumn: "id or 1=1", OwnerColumn: "engine_id"},
 		"bad lease column":  {Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease until"},
 		"negative lease":    {Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: -time.Second},
+		"negative finish":   {Table: "bots", OwnerColumn: "engine_id", FinishTimeout: -time.Second},
 		"three-part name":   {Table: "a.b.bots", OwnerColumn: "engine_id"},
 		"leading digit":     {Table: "1bots", OwnerColumn: "engine_id"},
 		"non-ascii":         {Table: "bötс", OwnerColumn: "engine_id"},

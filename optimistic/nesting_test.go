@@ -95,4 +95,6 @@ func TestWrappedHandleIsRefused(t *testing.T) {
 
 	_, err = optimistic.NewStore[account](w, accountsConfig)
 	require.ErrorIs(t, err, contend.ErrInvalid)
+	_, err = optimistic.NewGuard(db, optimistic.Config{Table: "accounts", FinishTimeout: -time.Second})
+	require.ErrorIs(t, err, contend.ErrInvalid, "negative finish timeout")
 }

@@ -26,6 +26,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		"unknown strength":  {Table: "products", Strength: 7},
 		"unknown mode":      {Table: "products", Mode: -1},
 		"negative timeout":  {Table: "products", LockTimeout: -time.Second},
+		"negative finish":   {Table: "products", FinishTimeout: -time.Second},
 	} {
 		_, err := pessimistic.New(db, cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
@@ -37,6 +38,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		"skip locked":      {Mode: pessimistic.SkipLocked},
 		"unknown mode":     {Mode: 9},
 		"negative timeout": {LockTimeout: -time.Millisecond},
+		"negative finish":  {FinishTimeout: -time.Millisecond},
 	} {
 		_, err := pessimistic.NewAdvisory(db, cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
