@@ -8,7 +8,7 @@
 // v+1. What its caller learns decides what the record may claim about it:
 //
 //   - [Increment]: the call returned success after fn read Value and sent
-//     Value+1. The write took effect, once, between the call and the return.
+//     Value+1. The write took effect, once, before the return.
 //   - [Maybe]: the call returned an error after fn had sent its write. The
 //     write may have taken effect or not (a reset connection loses the reply
 //     to a COMMIT that ran), and it may take effect at any moment after the
@@ -19,7 +19,14 @@
 //     value after the run.
 //
 // A call that returned an error before fn sent its write cannot have changed
-// the counter and is left out; the [Recorder] counts it.
+// the counter and is left out; the [Recorder] counts it. A write fn sends
+// after Do returned, and a success without a write, are breaches of the Guard
+// contract, recorded apart and counted as violations.
+//
+// The model cannot tell a failed call's late write of the value the counter
+// already holds from no write at all: a stale write shows only when it moves
+// the counter back, and a later read then sees a value the history cannot
+// explain.
 //
 // An operation's interval starts when fn begins the attempt that reads, not
 // when Do is called: both the read and the write happen inside fn, after that
