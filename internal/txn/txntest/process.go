@@ -100,7 +100,8 @@ func holderScene(t *testing.T, s Subject, driver string) (scene, string) {
 	url := testserver.Postgres(t)
 	_, proxied := Proxied(t, url) // for its URL's settings; the proxy stays healthy
 	direct := testserver.Open(t, driver, url)
-	return scene{direct: direct, op: s.New(t, direct, Finish), key: newRow(t, direct)}, proxied
+	key := newRow(t, direct) // before New: the claimer prepares on the table
+	return scene{direct: direct, op: s.New(t, direct, Finish), key: key}, proxied
 }
 
 // takeOver runs the subject for the key until it gets in, trying again after
