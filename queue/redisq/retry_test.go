@@ -135,6 +135,7 @@ func testBatchPoison(t *testing.T, client redis.UniversalClient, prefix string) 
 	require.Equal(t, []int{1, 1, 2, 2}, seen.of(queue.EventFailed, "k"), "the batch's failures are its jobs' too")
 	require.Empty(t, seen.of(queue.EventDeadLettered, "k"))
 
+	waitDepth(t, consumer, 0) // the answer comes before the acknowledgement
 	s, err := consumer.Stats(t.Context())
 	require.NoError(t, err)
 	t.Logf("consumer stats: %+v", s.PartitionStats)
