@@ -213,10 +213,10 @@ func once(ctx context.Context, b Beginner, opts Options, fn func(context.Context
 	e := ender{conn: conn, abandon: abandon, bound: opts.FinishTimeout}
 	stopWatching := context.AfterFunc(ctx, abandon)
 	tx, err := b.BeginTx(txCtx, opts.Tx)
-	begun := stopWatching()
+	inTime := stopWatching() // false: ctx ended during BEGIN
 	if err != nil {
 		e.release()
-		if !begun {
+		if !inTime {
 			return errors.Join(context.Cause(ctx), err)
 		}
 		return err
@@ -231,7 +231,7 @@ func once(ctx context.Context, b Beginner, opts Options, fn func(context.Context
 			err = errors.Join(err, rerr)
 		}
 	}()
-	if !begun {
+	if !inTime {
 		// ctx ended during BEGIN: database/sql is rolling the transaction
 		// back already, and the deferred rollback waits for that.
 		return context.Cause(ctx)
