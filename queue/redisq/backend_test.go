@@ -2,11 +2,14 @@ package redisq_test
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -39,16 +42,43 @@ func TestOneNode(t *testing.T) {
 	}
 }
 
-// TestCluster runs the tests of onBoth on one Redis Cluster of three
-// masters, started once for all of them (each test has a prefix of its own):
-// starting a cluster costs more than most of the tests.
+// acrossProcesses are the tests in several OS processes: each runs on one
+// node as a test of its own, and on a Cluster in TestCluster.
+var acrossProcesses = []struct {
+	name string
+	run  func(t *testing.T, setup deployment)
+}{
+	{"order_per_key_across_processes", orderAcrossProcesses},
+	{"sell_across_processes", sellAcrossProcesses},
+}
+
+// TestCluster runs the tests of onBoth and acrossProcesses on one Redis
+// Cluster of three masters, started once for all of them (each test has a
+// prefix of its own): starting a cluster costs more than most of the tests.
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	cluster := testserver.RedisCluster(t, 3)
+	addrs := strings.Join(cluster.Options().Addrs, ",")
+	if os.Getenv(testserver.RedisClusterEnv) == "" {
+		// The worker processes of acrossProcesses run this test again:
+		// they use this cluster instead of starting one each. No other
+		// test of the package reads the variable.
+		require.NoError(t, os.Setenv(testserver.RedisClusterEnv, addrs))
+		t.Cleanup(func() { os.Unsetenv(testserver.RedisClusterEnv) })
+	}
 	for _, tc := range onBoth {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			tc.run(t, cluster, clusterPrefix(t, cluster))
+		})
+	}
+	onCluster := func(t *testing.T) (redis.UniversalClient, harness.Params) {
+		return cluster, harness.Params{"prefix": clusterPrefix(t, cluster), "cluster": addrs}
+	}
+	for _, tc := range acrossProcesses {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.run(t, onCluster)
 		})
 	}
 }

@@ -26,29 +26,19 @@ import (
 // drains what is left. Delivery is at least once, so a job may be handled
 // twice in a row after a hand-over, never out of order.
 //
-// It runs on one Redis node and on a Redis Cluster.
-func TestOrderPerKeyAcrossProcesses(t *testing.T) {
-	for _, d := range deployments {
-		t.Run(d.name, func(t *testing.T) { orderAcrossProcesses(t, d.setup) })
-	}
-}
+// It runs on one Redis node here, and on a Redis Cluster in TestCluster.
+func TestOrderPerKeyAcrossProcesses(t *testing.T) { orderAcrossProcesses(t, oneNode) }
 
-// deployments are the Redis deployments the tests across processes run on.
-// setup runs in the test process and returns a client and the params that
-// tell the workers where Redis is and which prefix to use ([workerRedis]
-// reads them).
-var deployments = []struct {
-	name  string
-	setup func(t *testing.T) (redis.UniversalClient, harness.Params)
-}{
-	{"one_node", func(t *testing.T) (redis.UniversalClient, harness.Params) {
-		client, prefix := testserver.Redis(t)
-		return client, harness.Params{"prefix": prefix}
-	}},
-	{"cluster", func(t *testing.T) (redis.UniversalClient, harness.Params) {
-		c := testserver.RedisCluster(t, 3)
-		return c, harness.Params{"prefix": clusterPrefix(t, c), "cluster": strings.Join(c.Options().Addrs, ",")}
-	}},
+// A deployment is where a test across processes runs. It is called in the
+// test process only, and returns a client and the params that tell the
+// workers where Redis is and which prefix to use ([workerRedis] reads
+// them).
+type deployment func(t *testing.T) (redis.UniversalClient, harness.Params)
+
+// oneNode is the deployment of one Redis node, the test server.
+func oneNode(t *testing.T) (redis.UniversalClient, harness.Params) {
+	client, prefix := testserver.Redis(t)
+	return client, harness.Params{"prefix": prefix}
 }
 
 // workerRedis returns, in a worker process, a client of the Redis that a
@@ -65,7 +55,7 @@ func workerRedis(t testing.TB, p harness.Params) redis.UniversalClient {
 }
 
 // orderAcrossProcesses runs the test above on the deployment setup makes.
-func orderAcrossProcesses(t *testing.T, setup func(t *testing.T) (redis.UniversalClient, harness.Params)) {
+func orderAcrossProcesses(t *testing.T, setup deployment) {
 	const (
 		processes = 3
 		keys      = 6

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
@@ -106,15 +105,11 @@ func sellOnce(db *sqlx.DB) queue.BatchHandler {
 // sold, the stock never goes below zero (a CHECK refuses it on every
 // write), and every buyer gets an answer, sold or sold out, although the
 // product's partition moves between processes as they finish. It runs on
-// one Redis node and on a Redis Cluster.
-func TestSellAcrossProcesses(t *testing.T) {
-	for _, d := range deployments {
-		t.Run(d.name, func(t *testing.T) { sellAcrossProcesses(t, d.setup) })
-	}
-}
+// one Redis node here, and on a Redis Cluster in TestCluster.
+func TestSellAcrossProcesses(t *testing.T) { sellAcrossProcesses(t, oneNode) }
 
 // sellAcrossProcesses runs the test above on the deployment setup makes.
-func sellAcrossProcesses(t *testing.T, setup func(t *testing.T) (redis.UniversalClient, harness.Params)) {
+func sellAcrossProcesses(t *testing.T, setup deployment) {
 	const (
 		processes, buyers, buys = 3, 64, 8
 		stock                   = 1000
