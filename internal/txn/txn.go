@@ -212,8 +212,11 @@ func once(ctx context.Context, b Beginner, opts Options, fn func(context.Context
 	txCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
 	e := ender{conn: conn, abandon: abandon, bound: opts.FinishTimeout}
 	stopWatching := context.AfterFunc(ctx, abandon)
-	tx, err := b.BeginTx(txCtx, opts.Tx)
+	tx, err := e.begin(ctx, b, txCtx, opts.Tx)
 	inTime := stopWatching() // false: ctx ended during BEGIN
+	if errors.Is(err, ErrNoAnswer) {
+		return err // begin rolls back and releases once BEGIN returns
+	}
 	if err != nil {
 		e.release()
 		if !inTime {
@@ -252,6 +255,33 @@ type ender struct {
 	conn    *sql.Conn // nil when the transaction was begun on the caller's handle
 	abandon context.CancelFunc
 	bound   time.Duration
+}
+
+// begin runs BEGIN, watched like any statement of the guard's (see
+// [Watch]): when it is given up on, the transaction it may still begin is
+// rolled back and the connection released once it returns.
+func (e ender) begin(ctx context.Context, b Beginner, txCtx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	type begun struct {
+		tx  *sql.Tx
+		err error
+	}
+	done := make(chan begun, 1)
+	err := Watch(ctx, func() error {
+		tx, err := b.BeginTx(txCtx, opts)
+		done <- begun{tx, err}
+		return err
+	})
+	if errors.Is(err, ErrNoAnswer) {
+		go func() {
+			if r := <-done; r.tx != nil {
+				_ = r.tx.Rollback()
+			}
+			e.release()
+		}()
+		return nil, err
+	}
+	r := <-done
+	return r.tx, r.err
 }
 
 func (e ender) release() {

@@ -117,7 +117,8 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 // Run puts s through every fault, under both drivers, each in a subtest:
 //
 //   - network: a connection reset mid-transaction, silence during the
-//     commit, added latency (through a fault proxy);
+//     commit, silence from the call's start, added latency (through a
+//     fault proxy);
 //   - process: the holder's process SIGKILLed inside fn, or SIGSTOPped past
 //     its ctx's deadline and resumed (the test binary runs as the holder);
 //   - restart: the server restarted mid-transaction (a server of the test's
@@ -140,6 +141,7 @@ func Run(t *testing.T, s Subject) {
 			t.Run(driver, func(t *testing.T) {
 				t.Run("reset mid-transaction", func(t *testing.T) { reset(t, s, driver) })
 				t.Run("silence during commit", func(t *testing.T) { silence(t, s, driver) })
+				t.Run("silence from the start", func(t *testing.T) { silentStart(t, s, driver) })
 				t.Run("latency", func(t *testing.T) { latency(t, s, driver) })
 			})
 		}
@@ -283,6 +285,23 @@ func silence(t *testing.T, s Subject, driver string) {
 		require.Zero(t, n, "a commit the server never got was applied")
 	}
 	t.Logf("%s: n = %d, free %v after Do returned", driver, n, freeAfter)
+}
+
+// The network is silent before the call begins: its first statement (BEGIN,
+// the claim, a Store's read, the update) gets no answer. The call returns
+// ctx's error within its bound, having done nothing.
+func silentStart(t *testing.T, s Subject, driver string) {
+	sc := newScene(t, s, driver)
+	sc.proxy.Blackhole()
+
+	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
+	defer cancel()
+	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, contend.DBTX) error { return nil }), Bound)
+	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
+	require.ErrorIs(t, o.err, context.DeadlineExceeded)
+	require.Less(t, o.took, Bound+Slack)
+	require.Zero(t, count(t, sc), "nothing reached the server")
+	requireFreeWithin(t, sc, time.Second)
 }
 
 // Every exchange takes 20ms longer each way: Do succeeds, slower.
