@@ -157,6 +157,11 @@ func Outer(ctx context.Context) (contend.DBTX, error) {
 // is gone (its tcp_keepalives_* and idle_in_transaction_session_timeout
 // settings).
 //
+// BEGIN is watched like a statement (see [Watch]): a call into a silent
+// network returns [CancelGrace] after ctx's end, so a call returns within
+// ctx's deadline, plus CancelGrace, plus opts.FinishTimeout, as long as fn's
+// own statements return when ctx ends.
+//
 // In a transaction someone else owns, fn runs once, Run neither commits nor
 // rolls back, and errors are returned for the owner to handle: only it can
 // run its transaction again from the start.
