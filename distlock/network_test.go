@@ -177,9 +177,11 @@ func warm(t *testing.T, c *distlock.Client) {
 func TestResetConnectionsAreNotALoss(t *testing.T) {
 	t.Parallel()
 	rdb, prefix := testserver.Redis(t)
-	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond})
+	// Every refresh (each TTL/3) meets reset connections; the lease leaves
+	// a loaded machine room for the reconnect's four round trips.
+	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 900 * time.Millisecond})
 	err := c.Do(t.Context(), "job", func(ctx context.Context) error {
-		for range 10 {
+		for range 20 {
 			proxy.Reset()
 			select {
 			case <-ctx.Done():
