@@ -2,6 +2,8 @@ package distlock_test
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +35,24 @@ func TestClientIsAGuard(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The same contract on a Redis Cluster of three masters, started once and
+// found by the worker processes through the environment. (Its run under
+// faults puts only PostgreSQL behind the fault proxy: the Cluster client
+// reaches the nodes by the addresses they announce.)
+func TestClientIsAGuardOnACluster(t *testing.T) {
+	if os.Getenv(testserver.RedisClusterEnv) == "" {
+		cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3})
+		t.Setenv(testserver.RedisClusterEnv, strings.Join(cl.Client.Options().Addrs, ","))
+	}
+	guardtest.Run(t, guardtest.Suite{
+		Driver: "pgx",
+		New: func(t testing.TB, env guardtest.Env) contend.Guard {
+			return newClient(t, testserver.RedisCluster(t, 3), distlock.Config{Prefix: env.Prefix, TTL: 3 * time.Second, GrantLease: 3 * time.Second})
+		},
+		Exclusive: true,
+	})
 }
 
 // A quorum over three databases of the test server passes the same
