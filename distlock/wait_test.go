@@ -25,11 +25,22 @@ import (
 // who wait behind the one it queued, in the order they came.
 func TestWaitersAreServedInOrder(t *testing.T) {
 	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	waitersServedInOrder(t, rdb, prefix)
+}
+
+// The same on a Redis Cluster: the hand-overs' messages reach the other
+// clients' subscriptions from whichever node runs the key's slot.
+func TestWaitersAreServedInOrderOnACluster(t *testing.T) {
+	t.Parallel()
+	waitersServedInOrder(t, testserver.RedisCluster(t, 3), distlock.DefaultPrefix)
+}
+
+func waitersServedInOrder(t *testing.T, rdb redis.UniversalClient, prefix string) {
 	// A long recheck: the hand-overs below must come from the releases, not
 	// from the waiters checking by themselves.
-	cfg := distlock.Config{Recheck: time.Minute}
-	c, holding, rdb, prefix := twoClients(t, cfg)
-	cfg.Prefix = prefix
+	cfg := distlock.Config{Prefix: prefix, Recheck: time.Minute}
+	c, holding := newClient(t, rdb, cfg), newClient(t, rdb, cfg)
 	ctx := t.Context()
 	holder, err := holding.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
