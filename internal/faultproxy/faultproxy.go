@@ -32,6 +32,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"sync"
@@ -55,6 +56,7 @@ type Proxy struct {
 	blackhole bool
 	latency   time.Duration
 	dropNext  bool
+	dropTo    []byte // DropReplyTo's request text, nil when not armed
 }
 
 // A link is one client connection and the server connection made for it.
@@ -65,6 +67,7 @@ type link struct {
 	// Guarded by Proxy.mu.
 	gone     bool // torn down: both sockets closed
 	muted    bool // a reply was dropped: nothing more goes to the client
+	dropNext bool // the next reply on this link is to be dropped (DropReplyTo)
 	orphaned bool // one side ended during a blackhole; the other was not told
 }
 
@@ -130,6 +133,17 @@ func (p *Proxy) DropNextReply() {
 	p.dropNext = true
 }
 
+// DropReplyTo is [Proxy.DropNextReply] for one request: the next chunk a
+// client sends that contains request (a command's name as the protocol
+// spells it, "XADD", in any case) arms it, and the next chunk the server sends on that
+// connection is the one dropped. Replies on other connections, which may
+// come first (a blocking read's answer), are untouched.
+func (p *Proxy) DropReplyTo(request string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dropTo = bytes.ToLower([]byte(request))
+}
+
 // Heal turns off Blackhole, latency and a DropNextReply not yet spent. What a
 // fault discarded stays lost, and a connection muted by DropNextReply stays
 // muted. A connection one side of which closed during the blackhole is reset
@@ -138,7 +152,7 @@ func (p *Proxy) DropNextReply() {
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.blackhole, p.latency, p.dropNext = false, 0, false
+	p.blackhole, p.latency, p.dropNext, p.dropTo = false, 0, false, nil
 	for l := range p.links {
 		if l.orphaned {
 			p.teardownLocked(l, true)
@@ -207,7 +221,7 @@ func (p *Proxy) pump(l *link, src, dst *net.TCPConn, toClient bool) {
 			}
 			// Decided after the delay, so a chunk still delayed when a
 			// blackhole starts is lost with the others.
-			if p.forward(l, toClient) {
+			if p.forward(l, toClient, buf[:n]) {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					err = werr
 				}
@@ -226,9 +240,10 @@ func (p *Proxy) delay() time.Duration {
 	return p.latency
 }
 
-// forward reports whether a chunk read from one side of l goes on to the
-// other side, spending a pending DropNextReply on it if it is a reply.
-func (p *Proxy) forward(l *link, toClient bool) bool {
+// forward reports whether chunk, read from one side of l, goes on to the
+// other side, spending a pending DropNextReply on it if it is a reply, and
+// arming l's if it is the request DropReplyTo waits for.
+func (p *Proxy) forward(l *link, toClient bool, chunk []byte) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -236,9 +251,14 @@ func (p *Proxy) forward(l *link, toClient bool) bool {
 		return false
 	case toClient && l.muted:
 		return false
-	case toClient && p.dropNext:
-		p.dropNext, l.muted = false, true
+	case toClient && (p.dropNext || l.dropNext):
+		if !l.dropNext {
+			p.dropNext = false
+		}
+		l.dropNext, l.muted = false, true
 		return false
+	case !toClient && p.dropTo != nil && bytes.Contains(bytes.ToLower(chunk), p.dropTo):
+		p.dropTo, l.dropNext = nil, true
 	}
 	return true
 }

@@ -231,3 +231,34 @@ func TestDropNextReplyRunsCommandTwice(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, got, "the INCR ran twice: once unheard, once re-sent")
 }
+
+// DropReplyTo drops the reply to the request it names, on that request's
+// connection, and no other: a blocking read answered on another connection
+// after the fault was armed gets its reply. With DropNextReply that reply
+// would be the one dropped.
+func TestDropReplyToDropsThatRequestsReply(t *testing.T) {
+	ctx := t.Context()
+	p := faultproxy.Start(t, redisAddr)
+	d := direct(t)
+	key := uniqueKey(t, d)
+	c := newClient(t, &redis.Options{Addr: p.Addr(), ReadTimeout: 200 * time.Millisecond})
+	require.NoError(t, c.Ping(ctx).Err())
+
+	p.DropReplyTo("INCR")
+	popped := make(chan error, 1)
+	go func() { popped <- c.BLPop(ctx, 5*time.Second, key+":list").Err() }()
+	time.Sleep(50 * time.Millisecond) // the BLPOP is blocked in Redis
+	require.NoError(t, d.RPush(ctx, key+":list", "x").Err())
+	select {
+	case err := <-popped:
+		require.NoError(t, err, "the blocking read's reply was dropped")
+	case <-time.After(3 * time.Second):
+		t.Fatal("the blocking read's reply was dropped")
+	}
+
+	_, err := c.Incr(ctx, key).Result()
+	require.NoError(t, err)
+	got, err := d.Get(ctx, key).Int()
+	require.NoError(t, err)
+	require.Equal(t, 2, got, "the INCR ran twice: once unheard, once re-sent")
+}

@@ -192,7 +192,9 @@ func TestFaultReplyDropped(t *testing.T) {
 			_, err := producer.Submit(ctx, "k", []byte("warm up"))
 			require.NoError(t, err)
 			if !tc.onOwner {
-				proxy.DropNextReply()
+				// The XADD's reply: the answer listener's blocking read,
+				// answered on another connection, may reach the proxy first.
+				proxy.DropReplyTo("XADD")
 			}
 			for _, payload := range []string{"dropped", "later", "later"} {
 				v, err := producer.Submit(ctx, "k", []byte(payload))

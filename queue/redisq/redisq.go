@@ -44,7 +44,11 @@
 // reset connections cost nothing but duplicates: go-redis sends a command
 // again when it did not hear the reply, and each step is safe to run twice
 // (a re-sent XADD adds the job twice, and it runs twice; a re-sent answer is
-// ignored by its submitter).
+// ignored by its submitter). One reply is not: the answer that Submit's
+// listener pops from its list, if that reply is lost, is gone with it, and
+// its submitter hears nothing until its ctx ends, although the job ran; and
+// go-redis waits the block time plus 10s for a blocking read's reply before
+// the listener reads again.
 //
 // Jobs live in Redis, as durable as Redis is: a restart without persistence,
 // or a failover to a replica that had not received them, loses the jobs not
