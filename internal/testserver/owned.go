@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strconv"
@@ -60,6 +61,22 @@ func (o *owned) Stop() error {
 	err := o.p.halt()
 	o.p = nil
 	return err
+}
+
+// Kill ends the server at once with SIGKILL, as a crash or a lost machine
+// does: it answers nothing more and says goodbye to nobody. Killing a
+// stopped server does nothing.
+func (o *owned) Kill() error {
+	if o.p == nil {
+		return nil
+	}
+	p := o.p
+	o.p = nil
+	if err := p.cmd.Process.Kill(); err != nil {
+		return fmt.Errorf("testserver: kill %s: %w", o.d.name, err)
+	}
+	_ = p.cmd.Wait() // "signal: killed"
+	return nil
 }
 
 // Start starts the stopped server again, on the same port, and waits until

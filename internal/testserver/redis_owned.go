@@ -2,11 +2,8 @@ package testserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"syscall"
 	"testing"
@@ -21,11 +18,7 @@ import (
 //
 // The shared server that [Redis] hands out must never be stopped: other tests
 // and other engineers use it.
-type OwnedRedis struct {
-	d    daemon
-	port int
-	p    *process // nil while stopped
-}
+type OwnedRedis struct{ *owned }
 
 // OwnRedis starts a throwaway redis-server for t alone, on a free port of
 // 127.0.0.1, from the locally installed binary (the one startRedis uses). It
@@ -47,25 +40,7 @@ func ownRedis(t testing.TB, extra ...string) *OwnedRedis {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &OwnedRedis{d: redisDaemon(server, dir, extra...)}
-	t.Cleanup(func() {
-		if err := errors.Join(r.Stop(), removeDir(dir)); err != nil {
-			t.Errorf("testserver: owned redis: %v", err)
-		}
-	})
-	// The port is free when picked but may be taken before the server binds
-	// it; one more port then, as launch does.
-	for attempt := 1; ; attempt++ {
-		if r.port, err = freePort(); err != nil {
-			t.Fatal(err)
-		}
-		if err = r.Start(); err == nil {
-			return r
-		}
-		if attempt == 2 {
-			t.Fatalf("testserver: owned redis: %v", err)
-		}
-	}
+	return &OwnedRedis{own(t, redisDaemon(server, dir, extra...))}
 }
 
 // redisDaemon is how startRedis runs redis-server, with its files in dir,
@@ -92,12 +67,6 @@ func redisDaemon(server, dir string, extra ...string) daemon {
 	}
 }
 
-// Addr is the server's host:port; it stays the same across restarts.
-func (r *OwnedRedis) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(r.port)) }
-
-// URL is the server's redis:// URL.
-func (r *OwnedRedis) URL() string { return r.d.url(r.port) }
-
 // Client returns a new client of the server, closed when t ends. Its options
 // are go-redis's defaults, so it reconnects by itself after a restart.
 func (r *OwnedRedis) Client(t testing.TB) *redis.Client {
@@ -109,64 +78,4 @@ func (r *OwnedRedis) Client(t testing.TB) *redis.Client {
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// Running reports whether the server is up (as far as this type knows).
-func (r *OwnedRedis) Running() bool { return r.p != nil }
-
-// Stop shuts the server down and waits for it; its keys are gone. Stopping a
-// stopped server does nothing.
-func (r *OwnedRedis) Stop() error {
-	if r.p == nil {
-		return nil
-	}
-	err := r.p.halt()
-	r.p = nil
-	return err
-}
-
-// Kill ends the server at once with SIGKILL, as a crash or a lost machine
-// does: it answers nothing more and says goodbye to nobody. Killing a
-// stopped server does nothing.
-func (r *OwnedRedis) Kill() error {
-	if r.p == nil {
-		return nil
-	}
-	p := r.p
-	r.p = nil
-	if err := p.cmd.Process.Kill(); err != nil {
-		return fmt.Errorf("testserver: kill redis-server: %w", err)
-	}
-	_ = p.cmd.Wait() // "signal: killed"
-	return nil
-}
-
-// Start starts the stopped server again, on the same port, empty, and waits
-// until it answers. Starting a running server does nothing.
-func (r *OwnedRedis) Start() error {
-	if r.p != nil {
-		return nil
-	}
-	p, err := r.d.start(r.port, filepath.Join(r.d.dir, r.d.name+".log"))
-	if err != nil {
-		return err
-	}
-	exited, err := p.waitReady(r.Addr(), r.URL(), r.d.ready)
-	if err != nil {
-		if !exited {
-			err = errors.Join(err, p.halt())
-		}
-		return err
-	}
-	r.p = p
-	return nil
-}
-
-// Restart stops the server and starts it again on the same port: every
-// connection is dropped and every key is lost.
-func (r *OwnedRedis) Restart() error {
-	if err := r.Stop(); err != nil {
-		return err
-	}
-	return r.Start()
 }
