@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -61,10 +60,11 @@ func TestHolderProcess(t *testing.T) {
 	ctx := context.Background()
 	err = c.Do(ctx, "job", func(ctx context.Context) error {
 		l, _ := distlock.FromContext(ctx)
-		rdb.RPush(ctx, prefix+"events", fmt.Sprintf("held %d", l.Fence()))
+		fmt.Printf("held %d\n", l.Fence())
 		for i := 0; ; i++ {
 			if ctx.Err() != nil {
-				return rdb.RPush(context.WithoutCancel(ctx), prefix+"events", "told "+context.Cause(ctx).Error()).Err()
+				fmt.Printf("told %v\n", context.Cause(ctx))
+				return nil
 			}
 			// The write of a holder that does not look at its ctx in time:
 			// only the fencing token can stop it.
@@ -74,32 +74,18 @@ func TestHolderProcess(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	})
-	rdb.RPush(ctx, prefix+"events", fmt.Sprintf("done %v", err))
+	fmt.Printf("done %v\n", err)
 }
 
 // holder starts the holder process and waits until it holds the lock; it
 // returns the process and the lock's fencing token.
-func holder(t *testing.T, rdb *redis.Client, prefix string) (*exec.Cmd, int64) {
+func holder(t *testing.T, prefix string) (*harness.Child, int64) {
 	url, err := testserver.RedisURL()
 	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHolderProcess$")
-	cmd.Env = append(os.Environ(), holderPrefixEnv+"="+prefix, holderURLEnv+"="+url)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	held := event(t, rdb, prefix, "held ")
-	fence, err := strconv.ParseInt(held, 10, 64)
+	h := harness.StartChild(t, "TestHolderProcess", holderPrefixEnv+"="+prefix, holderURLEnv+"="+url)
+	fence, err := strconv.ParseInt(h.Next(t, "held ", 10*time.Second), 10, 64)
 	require.NoError(t, err)
-	return cmd, fence
-}
-
-// event waits for the holder's next event, which must start with kind, and
-// returns the rest of it.
-func event(t *testing.T, rdb *redis.Client, prefix, kind string) string {
-	t.Helper()
-	res, err := rdb.BLPop(t.Context(), 10*time.Second, prefix+"events").Result()
-	require.NoError(t, err, "no %q from the holder process", kind)
-	require.True(t, strings.HasPrefix(res[1], kind), "the holder process said %q, not %q", res[1], kind)
-	return strings.TrimPrefix(res[1], kind)
+	return h, fence
 }
 
 // kill -9 of the holder: nothing releases its lock, which blocks the key
@@ -107,11 +93,10 @@ func event(t *testing.T, rdb *redis.Client, prefix, kind string) string {
 // is larger.
 func TestKilledHolderBlocksTheKeyForItsLeaseOnly(t *testing.T) {
 	t.Parallel()
-	c, rdb, prefix := setup(t, distlock.Config{Recheck: 20 * time.Millisecond})
-	cmd, fence := holder(t, rdb, prefix)
-	require.NoError(t, cmd.Process.Kill())
+	c, _, prefix := setup(t, distlock.Config{Recheck: 20 * time.Millisecond})
+	h, fence := holder(t, prefix)
+	require.NoError(t, h.Cmd.Process.Kill())
 	killed := time.Now()
-	_ = cmd.Wait()
 
 	l, err := c.Obtain(t.Context(), "job", time.Second)
 	require.NoError(t, err)
@@ -131,7 +116,8 @@ func TestKilledHolderBlocksTheKeyForItsLeaseOnly(t *testing.T) {
 func TestStoppedHolderIsFencedOff(t *testing.T) {
 	t.Parallel()
 	c, rdb, prefix := setup(t, distlock.Config{Recheck: 20 * time.Millisecond})
-	cmd, fence := holder(t, rdb, prefix)
+	h, fence := holder(t, prefix)
+	cmd := h.Cmd
 	time.Sleep(50 * time.Millisecond) // a few writes under the lease
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
 	stopped := time.Now()
@@ -153,9 +139,9 @@ func TestStoppedHolderIsFencedOff(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
 	resumed := time.Now()
 
-	told := event(t, rdb, prefix, "told ")
+	told := h.Next(t, "told ", 10*time.Second)
 	require.Contains(t, told, contend.ErrLockLost.Error())
-	require.Contains(t, event(t, rdb, prefix, "done "), contend.ErrLockLost.Error())
+	require.Contains(t, h.Next(t, "done ", 10*time.Second), contend.ErrLockLost.Error())
 	log, err := rdb.LRange(t.Context(), prefix+"log", 0, -1).Result()
 	require.NoError(t, err)
 	i := slices.Index(log, "other")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/queue"
 	"github.com/contend/contend/queue/redisq"
@@ -66,7 +67,6 @@ func TestKillConsumerMidJob(t *testing.T) {
 	cmd := midJobConsumer(t, client, prefix)
 	require.NoError(t, cmd.Process.Kill()) // SIGKILL: no release, no ack
 	killed := time.Now()
-	_ = cmd.Wait()
 	moved := takeOver(t, client, prefix, killed)
 	t.Logf("the blocking job was redelivered %v after the kill (lease %v)", moved, killTTL)
 	require.Less(t, moved, 3*killTTL+time.Second, "the partition took far longer than a lease to move")
@@ -79,10 +79,7 @@ func midJobConsumer(t *testing.T, client *redis.Client, prefix string) *exec.Cmd
 	t.Helper()
 	url, err := testserver.RedisURL()
 	require.NoError(t, err)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestConsumerProcess$")
-	cmd.Env = append(os.Environ(), childPrefixEnv+"="+prefix, childURLEnv+"="+url)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cmd := harness.StartChild(t, "TestConsumerProcess", childPrefixEnv+"="+prefix, childURLEnv+"="+url).Cmd
 
 	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
 	for _, p := range []string{"0", "1", "block", "3", "4"} {

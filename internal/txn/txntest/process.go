@@ -1,14 +1,9 @@
 package txntest
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -48,49 +44,12 @@ func hold(t *testing.T, s Subject, orders string) {
 }
 
 // holder starts a holder process for key on url and waits until it is
-// inside fn; lines has the rest of what it says.
-func holder(t *testing.T, driver, url, key string) (*exec.Cmd, <-chan string) {
+// inside fn.
+func holder(t *testing.T, driver, url, key string) *harness.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(strings.Split(t.Name(), "/")[0])+"$", "-test.timeout=30s")
-	cmd.Env = append(os.Environ(), holderEnv+"="+driver+" "+url+" "+key)
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	lines := make(chan string, 16)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		_, _ = io.Copy(io.Discard, out)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		for range lines {
-		}
-	})
-	next(t, lines, "holding")
-	return cmd, lines
-}
-
-// next waits for the holder's next line that starts with prefix, and
-// returns the rest of it.
-func next(t *testing.T, lines <-chan string, prefix string) string {
-	t.Helper()
-	timeout := time.After(20 * time.Second)
-	for {
-		select {
-		case l, ok := <-lines:
-			require.True(t, ok, "the holder process ended before saying %q", prefix)
-			if rest, found := strings.CutPrefix(l, prefix); found {
-				return rest
-			}
-		case <-timeout:
-			t.Fatalf("the holder process never said %q", prefix)
-		}
-	}
+	c := harness.StartChild(t, t.Name(), holderEnv+"="+driver+" "+url+" "+key)
+	c.Next(t, "holding", 20*time.Second)
+	return c
 }
 
 // holderScene makes key's row on the shared server, with sessions that end
@@ -142,7 +101,7 @@ func wrote(s Subject, sc scene) int {
 // stays until its lease passes.
 func killed(t *testing.T, s Subject, driver string) {
 	sc, url := holderScene(t, s, driver)
-	cmd, _ := holder(t, driver, url, sc.key)
+	cmd := holder(t, driver, url, sc.key).Cmd
 	got := make(chan time.Time, 1)
 	var terr error
 	go func() {
@@ -168,7 +127,8 @@ func killed(t *testing.T, s Subject, driver string) {
 // resumed, the holder learns its call failed.
 func stopped(t *testing.T, s Subject, driver string) {
 	sc, url := holderScene(t, s, driver)
-	cmd, lines := holder(t, driver, url, sc.key)
+	h := holder(t, driver, url, sc.key)
+	cmd := h.Cmd
 	require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
 	stoppedAt := time.Now()
 	const resumeAfter = 3 * time.Second
@@ -177,7 +137,7 @@ func stopped(t *testing.T, s Subject, driver string) {
 	t.Logf("%s: taken over %v after the stop", driver, at.Sub(stoppedAt).Round(time.Millisecond))
 	time.Sleep(time.Until(stoppedAt.Add(HolderDeadline + 200*time.Millisecond)))
 	require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
-	done := next(t, lines, "done ")
+	done := h.Next(t, "done ", 20*time.Second)
 	t.Logf("%s: the resumed holder's call returned: %s", driver, done)
 	require.NotEqual(t, "<nil>", done, "the resumed holder believed it succeeded")
 	require.Equal(t, wrote(s, sc), count(t, sc))
