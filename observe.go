@@ -1,0 +1,149 @@
+package contend
+
+import (
+	"context"
+	"strconv"
+	"time"
+)
+
+// An Observer hears what the guards do: how long callers waited, how long
+// they held a key, which races they lost, which holds ended early. Metrics,
+// logs and traces are built on it ([SlogObserver] writes events to a
+// [log/slog.Logger]).
+//
+// Every strategy reports the same [Event] through the Observer field of its
+// configuration; nil, the default, reports nothing and costs nothing: no
+// event is built, no clock is read for it.
+//
+// Observe gets the context of the call the event belongs to (for a hold that
+// ended, the context of the call that held it), so that a tracing adapter
+// can parent a span on the caller's and a logger can read request values
+// from it; that context may already have ended. Observe runs on the
+// caller's goroutine, or on the goroutine of the worker or watchdog that
+// saw the event, in the middle of the guard's work: it must be safe for
+// simultaneous use, must not block, and must not call back into the guard
+// that reported the event.
+//
+// Observer is an interface, like [net/http.Handler], rather than a func,
+// because the adapters worth having carry state (a logger and a level,
+// metric instruments, a tracer); [ObserverFunc] adapts a plain function.
+type Observer interface {
+	Observe(ctx context.Context, e Event)
+}
+
+// ObserverFunc adapts a function to an [Observer].
+type ObserverFunc func(ctx context.Context, e Event)
+
+// Observe calls f(ctx, e).
+func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
+
+// An Event is what a guard reports to its [Observer]: one step of one call
+// on one key. Fields that do not apply to the event's kind, or to the
+// strategy, are zero.
+type Event struct {
+	// Kind says what happened.
+	Kind EventKind
+	// Strategy is the package that reports: "atomic", "pessimistic",
+	// "optimistic", "distlock" or "queue" (package redisq reports as
+	// "queue").
+	Strategy string
+	// Key is the caller's key, as the caller passed it: without a prefix.
+	Key string
+	// Wait is how long the call took to get the key: from its start until
+	// it held the lock, made the claim or started the job, or, for
+	// [EventGaveUp], until it stopped trying. Events of a hold carry the wait
+	// that began it.
+	Wait time.Duration
+	// Hold is how long the key was held, or fn or the job ran: set on
+	// [EventReleased] and [EventLost].
+	Hold time.Duration
+	// Attempts counts the tries the call made so far, 1 for the first: lock
+	// attempts, transactions, a job's deliveries.
+	Attempts int
+	// Fence is the fencing token of the hold, where the strategy has one
+	// (distlock's [Client]; a redisq partition's lease), else 0.
+	Fence int64
+	// Err says why, for the kinds that end in failure: for EventConflict
+	// and EventGaveUp it matches [ErrConflict], for EventLost
+	// [ErrLockLost]. On EventReleased it is the error fn returned, if any.
+	Err error
+}
+
+// An EventKind says what an [Event] reports. A call that gets its key
+// reports EventObtained, then one of EventReleased and EventLost when it
+// lets go; a call that does not reports EventConflict or EventGaveUp.
+// EventRetry and EventFailed may come in between; EventDeadLettered ends a
+// queued job that failed every delivery.
+//
+// What each strategy reports:
+//
+//	distlock     Obtained (Wait, Attempts, Fence) when a lock is obtained;
+//	             Conflict when one attempt (TryObtain, Do with FailFast) finds
+//	             the key held; GaveUp when a wait ends with ctx, MaxWait or
+//	             Close; Failed when a refresh does not reach Redis (the lock
+//	             may still be held) or a release fails; Released (Hold) when
+//	             the holder lets go; Lost (Hold) when the watchdog learns the
+//	             lock is gone, or the release finds it gone.
+//	queue        Failed (Attempts, Err) for each failed delivery of a job;
+//	             DeadLettered after its last; GaveUp (Wait) when a caller's
+//	             ctx ends while it waits for room in a full partition or for
+//	             its job to start (Submit, Do), or for an answer (redisq).
+//	             Jobs handled at once report nothing: see Stats.
+//	atomic,      not wired yet.
+//	pessimistic,
+//	optimistic
+type EventKind uint8
+
+// The kinds of [Event].
+const (
+	// EventObtained: the call holds the key: a lock obtained, a claim made,
+	// a row locked. Wait is how long that took, Attempts how many tries.
+	EventObtained EventKind = iota + 1
+	// EventConflict: the call's one attempt found the key held or already
+	// claimed, and the call ends at once without it (fail fast); Err
+	// matches [ErrConflict]. A lost race that will be tried again is an
+	// EventRetry.
+	EventConflict
+	// EventRetry: an attempt failed in a way worth trying again (a version
+	// moved, a deadlock, a serialization failure), and the call will; Err
+	// says why, Attempts counts the attempts made.
+	EventRetry
+	// EventGaveUp: a wait or a retry loop ended without the key, because
+	// ctx ended, a maximum wait passed, the attempts ran out or the guard
+	// was closed. Wait is how long it tried; Err says why.
+	EventGaveUp
+	// EventReleased: the holder let the key go (a lock released, a
+	// transaction ended, fn returned). Hold is how long it held it.
+	EventReleased
+	// EventLost: the hold ended before its holder let go (a lease expired,
+	// the backend failed): work done under it may have overlapped another
+	// holder's. Hold is how long it was held before the loss was seen.
+	EventLost
+	// EventFailed: a call to the backend, or a job's handler, failed (Err).
+	// The call may go on: a refresh is tried again while the lock is valid,
+	// a failed job is delivered again unless that was its last delivery.
+	EventFailed
+	// EventDeadLettered: a queued job failed its last delivery and went to
+	// the dead letters (Err is its last error).
+	EventDeadLettered
+)
+
+var eventKinds = [...]string{
+	EventObtained:     "obtained",
+	EventConflict:     "conflict",
+	EventRetry:        "retry",
+	EventGaveUp:       "gave-up",
+	EventReleased:     "released",
+	EventLost:         "lost",
+	EventFailed:       "failed",
+	EventDeadLettered: "dead-lettered",
+}
+
+// String returns the kind's name: "obtained", "conflict", "retry",
+// "gave-up", "released", "lost", "failed" or "dead-lettered".
+func (k EventKind) String() string {
+	if int(k) < len(eventKinds) && eventKinds[k] != "" {
+		return eventKinds[k]
+	}
+	return "EventKind(" + strconv.Itoa(int(k)) + ")"
+}
