@@ -2,20 +2,26 @@ package atomic_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
+	"net/url"
+	"os"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
+	"github.com/jmoiron/sqlx"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
-	"github.com/contend/contend/internal/workload"
 )
 
 // Selling the last item: the stock check is part of the UPDATE, so however
 // many servers run this at once, the database lets exactly as many through as
 // there are items.
 func ExampleUpdate() {
-	db, done := workload.Scratch(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
+	db, done := exampleDB(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
 		INSERT INTO products VALUES ('sku-1', 1)`)
 	defer done()
 	ctx := context.Background()
@@ -36,7 +42,7 @@ func ExampleUpdate() {
 // A bot starts once: the engine id is made first, claimed into the bot's
 // row only where it is empty, and handed to the engine.
 func ExampleClaimer_Claim() {
-	db, done := workload.Scratch(`CREATE TABLE bots (id text PRIMARY KEY, engine_id text);
+	db, done := exampleDB(`CREATE TABLE bots (id text PRIMARY KEY, engine_id text);
 		INSERT INTO bots VALUES ('bot-1', NULL)`)
 	defer done()
 	ctx := context.Background()
@@ -62,7 +68,7 @@ func ExampleClaimer_Claim() {
 // As a guard, the claimer runs fn only for the caller that won the claim and
 // releases it afterwards, also when fn fails.
 func ExampleClaimer_Do() {
-	db, done := workload.Scratch(`CREATE TABLE jobs (id text PRIMARY KEY, owner text);
+	db, done := exampleDB(`CREATE TABLE jobs (id text PRIMARY KEY, owner text);
 		INSERT INTO jobs VALUES ('nightly-report', NULL)`)
 	defer done()
 	ctx := context.Background()
@@ -86,4 +92,34 @@ func ExampleClaimer_Do() {
 	// inside, a second run is refused: true
 	// done: <nil>
 	// released, runs again: <nil>
+}
+
+// exampleDB opens a pool on the PostgreSQL server named by
+// CONTEND_POSTGRES_URL (default: the local one, database test), in a schema
+// of its own so that examples running at once never share a table, runs setup
+// there, and returns the pool with a function that drops the schema.
+func exampleDB(setup string) (*sqlx.DB, func()) {
+	server := os.Getenv("CONTEND_POSTGRES_URL")
+	if server == "" {
+		server = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	schema := "example_" + hex.EncodeToString(b[:])
+	admin := sqlx.MustOpen("pgx", server)
+	admin.MustExec("CREATE SCHEMA " + schema)
+	u, err := url.Parse(server)
+	if err != nil {
+		log.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	db := sqlx.MustOpen("pgx", u.String())
+	db.MustExec(setup)
+	return db, func() {
+		db.Close()
+		admin.MustExec("DROP SCHEMA " + schema + " CASCADE")
+		admin.Close()
+	}
 }

@@ -2,40 +2,23 @@ package distlock_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
+	"net/url"
+	"os"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
-	"github.com/contend/contend/internal/testserver"
 )
-
-// exampleRedis returns a client of the test server, a key prefix nobody else
-// uses, and a function that deletes the prefix's keys and closes the client.
-func exampleRedis() (*redis.Client, string, func()) {
-	u, err := testserver.RedisURL()
-	if err != nil {
-		log.Fatal(err)
-	}
-	opts, err := redis.ParseURL(u)
-	if err != nil {
-		log.Fatal(err)
-	}
-	rdb := redis.NewClient(opts)
-	prefix := testserver.RandomName("contend:example:") + ":"
-	return rdb, prefix, func() {
-		if err := testserver.DeletePrefix(context.Background(), rdb, prefix); err != nil {
-			log.Print(err)
-		}
-		rdb.Close()
-	}
-}
 
 // A cron job that every instance starts on the hour and only one must run:
 // with FailFast, the others give up at once with ErrConflict.
@@ -186,24 +169,61 @@ func ExampleQuorum() {
 	// released: <nil>
 }
 
-// exampleDB opens a pool on a fresh schema of the test server, runs setup,
-// and returns it with a function that drops the schema.
+// exampleRedis returns a client of the Redis server named by
+// CONTEND_REDIS_URL (default: the local one), a key prefix no other run
+// uses, and a function that deletes the prefix's keys and closes the client.
+func exampleRedis() (*redis.Client, string, func()) {
+	addr := os.Getenv("CONTEND_REDIS_URL")
+	if addr == "" {
+		addr = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := redis.ParseURL(addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	rdb := redis.NewClient(opts)
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	prefix := "example:" + hex.EncodeToString(b[:]) + ":"
+	return rdb, prefix, func() {
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			log.Print(err)
+		}
+		rdb.Close()
+	}
+}
+
+// exampleDB opens a pool on the PostgreSQL server named by
+// CONTEND_POSTGRES_URL (default: the local one, database test), in a schema
+// of its own so that examples running at once never share a table, runs setup
+// there, and returns the pool with a function that drops the schema.
 func exampleDB(setup string) (*sqlx.DB, func()) {
-	ctx := context.Background()
-	server, err := testserver.PostgresURL()
+	server := os.Getenv("CONTEND_POSTGRES_URL")
+	if server == "" {
+		server = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	schema := "example_" + hex.EncodeToString(b[:])
+	admin := sqlx.MustOpen("pgx", server)
+	admin.MustExec("CREATE SCHEMA " + schema)
+	u, err := url.Parse(server)
 	if err != nil {
 		log.Fatal(err)
 	}
-	schema, url, err := testserver.CreateSchema(ctx, server)
-	if err != nil {
-		log.Fatal(err)
-	}
-	db := sqlx.MustOpen("pgx", url)
+	q := u.Query()
+	q.Set("search_path", schema) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	db := sqlx.MustOpen("pgx", u.String())
 	db.MustExec(setup)
 	return db, func() {
 		db.Close()
-		if err := testserver.DropSchema(ctx, server, schema); err != nil {
-			log.Print(err)
-		}
+		admin.MustExec("DROP SCHEMA " + schema + " CASCADE")
+		admin.Close()
 	}
 }

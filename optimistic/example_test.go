@@ -2,12 +2,18 @@ package optimistic_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
+	"net/url"
+	"os"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
+	"github.com/jmoiron/sqlx"
 
 	"github.com/contend/contend"
-	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/optimistic"
 )
 
@@ -29,7 +35,7 @@ var errInsufficientFunds = errors.New("insufficient funds")
 // in between, Update reads again and decides again, so both count and the
 // balance never goes below zero.
 func ExampleStore_Update() {
-	db, done := workload.Scratch(exampleAccounts)
+	db, done := exampleDB(exampleAccounts)
 	defer done()
 	ctx := context.Background()
 	accounts, err := optimistic.NewStore[Account](db, optimistic.Config{Table: "accounts"})
@@ -59,7 +65,7 @@ func ExampleStore_Update() {
 // account changed meanwhile, saving the form conflicts instead of silently
 // undoing the other change.
 func ExampleStore_Save() {
-	db, done := workload.Scratch(exampleAccounts)
+	db, done := exampleDB(exampleAccounts)
 	defer done()
 	ctx := context.Background()
 	accounts, err := optimistic.NewStore[Account](db, optimistic.Config{Table: "accounts"})
@@ -94,7 +100,7 @@ func ExampleStore_Save() {
 // not change. Touching the customer in the grant's transaction makes the
 // grant fail if the tier changed since it was read.
 func ExampleStore_Touch() {
-	db, done := workload.Scratch(`CREATE TABLE customers (id text PRIMARY KEY, tier text NOT NULL, version bigint NOT NULL);
+	db, done := exampleDB(`CREATE TABLE customers (id text PRIMARY KEY, tier text NOT NULL, version bigint NOT NULL);
 		CREATE TABLE discounts (customer text NOT NULL, pct int NOT NULL);
 		INSERT INTO customers VALUES ('c-1', 'gold', 0)`)
 	defer done()
@@ -147,7 +153,7 @@ func ExampleStore_Touch() {
 // contend.Querier, so the same fn works under every guard. fn may run more
 // than once.
 func ExampleGuard_Do() {
-	db, done := workload.Scratch(exampleAccounts)
+	db, done := exampleDB(exampleAccounts)
 	defer done()
 	ctx := context.Background()
 	guard, err := optimistic.NewGuard(db, optimistic.Config{
@@ -178,4 +184,34 @@ func ExampleGuard_Do() {
 	// acc-1: 1 attempt(s), err <nil>
 	// done: <nil>
 	// balance: 70 version: 1
+}
+
+// exampleDB opens a pool on the PostgreSQL server named by
+// CONTEND_POSTGRES_URL (default: the local one, database test), in a schema
+// of its own so that examples running at once never share a table, runs setup
+// there, and returns the pool with a function that drops the schema.
+func exampleDB(setup string) (*sqlx.DB, func()) {
+	server := os.Getenv("CONTEND_POSTGRES_URL")
+	if server == "" {
+		server = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	schema := "example_" + hex.EncodeToString(b[:])
+	admin := sqlx.MustOpen("pgx", server)
+	admin.MustExec("CREATE SCHEMA " + schema)
+	u, err := url.Parse(server)
+	if err != nil {
+		log.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	db := sqlx.MustOpen("pgx", u.String())
+	db.MustExec(setup)
+	return db, func() {
+		db.Close()
+		admin.MustExec("DROP SCHEMA " + schema + " CASCADE")
+		admin.Close()
+	}
 }

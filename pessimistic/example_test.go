@@ -2,13 +2,19 @@ package pessimistic_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log"
+	"net/url"
+	"os"
 	"sync"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
+	"github.com/jmoiron/sqlx"
+
 	"github.com/contend/contend"
-	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/pessimistic"
 )
 
@@ -17,7 +23,7 @@ import (
 // the row locked first, the others wait, then read the stock the first one
 // left, and exactly one sale goes through.
 func ExampleLocker_Do() {
-	db, done := workload.Scratch(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
+	db, done := exampleDB(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
 		INSERT INTO products VALUES ('sku-1', 1)`)
 	defer done()
 	locker, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
@@ -67,7 +73,7 @@ func ExampleLocker_Do() {
 // one statement, in key order, so a transfer the other way round at the same
 // time waits instead of deadlocking.
 func ExampleLocker_LockMany() {
-	db, done := workload.Scratch(`CREATE TABLE accounts (id text PRIMARY KEY, balance int NOT NULL);
+	db, done := exampleDB(`CREATE TABLE accounts (id text PRIMARY KEY, balance int NOT NULL);
 		INSERT INTO accounts VALUES ('alice', 100), ('bob', 20)`)
 	defer done()
 	ctx := context.Background()
@@ -112,7 +118,7 @@ func ExampleLocker_LockMany() {
 // other workers hold, and marks them done in the same transaction, so a
 // worker that dies mid-batch puts its jobs back.
 func ExampleLocker_Claim() {
-	db, done := workload.Scratch(`CREATE TABLE jobs (id text PRIMARY KEY, done boolean NOT NULL DEFAULT false);
+	db, done := exampleDB(`CREATE TABLE jobs (id text PRIMARY KEY, done boolean NOT NULL DEFAULT false);
 		INSERT INTO jobs (id) VALUES ('job-1'), ('job-2'), ('job-3')`)
 	defer done()
 	ctx := context.Background()
@@ -149,7 +155,7 @@ func ExampleLocker_Claim() {
 // first; there is no row to lock before it exists. An advisory lock on the
 // period's name keeps the others out while the first one works.
 func ExampleAdvisory_Do() {
-	db, done := workload.Scratch(`CREATE TABLE reports (period text PRIMARY KEY)`)
+	db, done := exampleDB(`CREATE TABLE reports (period text PRIMARY KEY)`)
 	defer done()
 	guard, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
 	if err != nil {
@@ -171,4 +177,34 @@ func ExampleAdvisory_Do() {
 	// Output:
 	// another instance meanwhile: true
 	// first instance: <nil>
+}
+
+// exampleDB opens a pool on the PostgreSQL server named by
+// CONTEND_POSTGRES_URL (default: the local one, database test), in a schema
+// of its own so that examples running at once never share a table, runs setup
+// there, and returns the pool with a function that drops the schema.
+func exampleDB(setup string) (*sqlx.DB, func()) {
+	server := os.Getenv("CONTEND_POSTGRES_URL")
+	if server == "" {
+		server = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	schema := "example_" + hex.EncodeToString(b[:])
+	admin := sqlx.MustOpen("pgx", server)
+	admin.MustExec("CREATE SCHEMA " + schema)
+	u, err := url.Parse(server)
+	if err != nil {
+		log.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	db := sqlx.MustOpen("pgx", u.String())
+	db.MustExec(setup)
+	return db, func() {
+		db.Close()
+		admin.MustExec("DROP SCHEMA " + schema + " CASCADE")
+		admin.Close()
+	}
 }

@@ -2,14 +2,20 @@ package queue_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log"
+	"net/url"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
+	"github.com/jmoiron/sqlx"
+
 	"github.com/contend/contend/atomic"
-	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/queue"
 )
 
@@ -37,7 +43,9 @@ func ExampleQueue_Submit() {
 // Do makes the queue a Guard for this process: fns of one key run one at a
 // time on its partition worker, so an unguarded read-modify-write is safe.
 func ExampleQueue_Do() {
-	q, err := queue.New(queue.Config{Partitions: 8, Handler: echo})
+	// Do runs fns, not jobs: the handler answers Submit only.
+	noJobs := func(context.Context, queue.Job) ([]byte, error) { return nil, nil }
+	q, err := queue.New(queue.Config{Partitions: 8, Handler: noJobs})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -67,7 +75,7 @@ func ExampleQueue_Do() {
 // pending buys of a product with one UPDATE and answers each buyer, in
 // submit order.
 func Example_hotKey() {
-	db, done := workload.Scratch(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL CHECK (stock >= 0));
+	db, done := exampleDB(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL CHECK (stock >= 0));
 		INSERT INTO products VALUES ('sku-1', 3)`)
 	defer done()
 	ctx := context.Background()
@@ -144,7 +152,7 @@ func submit(ctx context.Context, q *queue.Queue, key string) <-chan string {
 // delivered twice (a retry after a failure that came after the write, or a
 // redelivery by an at-least-once backend) sells once.
 func Example_idempotent() {
-	db, done := workload.Scratch(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
+	db, done := exampleDB(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
 		CREATE TABLE processed_jobs (job_id text PRIMARY KEY);
 		INSERT INTO products VALUES ('sku-1', 10)`)
 	defer done()
@@ -220,4 +228,34 @@ func ExampleTyped() {
 	// {Sold:true Left:1} <nil>
 	// {Sold:false Left:1} <nil>
 	// {Sold:true Left:0} <nil>
+}
+
+// exampleDB opens a pool on the PostgreSQL server named by
+// CONTEND_POSTGRES_URL (default: the local one, database test), in a schema
+// of its own so that examples running at once never share a table, runs setup
+// there, and returns the pool with a function that drops the schema.
+func exampleDB(setup string) (*sqlx.DB, func()) {
+	server := os.Getenv("CONTEND_POSTGRES_URL")
+	if server == "" {
+		server = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	schema := "example_" + hex.EncodeToString(b[:])
+	admin := sqlx.MustOpen("pgx", server)
+	admin.MustExec("CREATE SCHEMA " + schema)
+	u, err := url.Parse(server)
+	if err != nil {
+		log.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	db := sqlx.MustOpen("pgx", u.String())
+	db.MustExec(setup)
+	return db, func() {
+		db.Close()
+		admin.MustExec("DROP SCHEMA " + schema + " CASCADE")
+		admin.Close()
+	}
 }

@@ -2,12 +2,14 @@ package redisq_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log"
+	"os"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/queue"
 	"github.com/contend/contend/queue/redisq"
 )
@@ -65,21 +67,31 @@ func ExampleQueue_Stats() {
 	// Output: waiting: 3 sku-1's partition: 2 handled here: 0
 }
 
-// exampleRedis returns a client of the test server, a key prefix of its
-// own, and what closes the client and deletes the keys.
+// exampleRedis returns a client of the Redis server named by
+// CONTEND_REDIS_URL (default: the local one), a key prefix no other run
+// uses, and a function that deletes the prefix's keys and closes the client.
 func exampleRedis() (*redis.Client, string, func()) {
-	url, err := testserver.RedisURL()
-	if err != nil {
-		log.Fatal(err)
+	addr := os.Getenv("CONTEND_REDIS_URL")
+	if addr == "" {
+		addr = "redis://127.0.0.1:6379/0"
 	}
-	opts, err := redis.ParseURL(url)
+	opts, err := redis.ParseURL(addr)
 	if err != nil {
 		log.Fatal(err)
 	}
 	client := redis.NewClient(opts)
-	prefix := testserver.RandomName("example:") + ":"
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	prefix := "example:" + hex.EncodeToString(b[:]) + ":"
 	return client, prefix, func() {
-		_ = testserver.DeletePrefix(context.Background(), client, prefix)
+		ctx := context.Background()
+		iter := client.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			client.Del(ctx, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			log.Print(err)
+		}
 		client.Close()
 	}
 }
