@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -25,7 +28,8 @@ func TestMain(m *testing.M) {
 func TestQuickGrid(t *testing.T) {
 	t.Parallel()
 	out := t.TempDir()
-	rows, err := Run(t.Context(), quick(Options{Out: out}))
+	o := quick(Options{Out: out})
+	rows, err := Run(t.Context(), o)
 	require.NoError(t, err)
 	require.Len(t, rows, len(allWorkloads)*2*2*len(allStrategies))
 	for _, r := range rows {
@@ -33,7 +37,10 @@ func TestQuickGrid(t *testing.T) {
 		require.Empty(t, r.Violation, r.name())
 		require.Zero(t, r.Errors, "%s: %s", r.name(), r.FirstError)
 		require.Positive(t, r.Successes, r.name())
-		require.Positive(t, r.Throughput, r.name())
+		// ops/s × the window counts the operations that ended inside it:
+		// never more than all of them. (It may be 0 on a loaded machine,
+		// when not one operation ended inside a short window.)
+		require.LessOrEqual(t, r.Throughput*o.Duration.Seconds(), float64(r.Successes+r.Conflicts)+1e-9, r.name())
 		require.False(t, r.failed(), r.name())
 	}
 	for _, f := range []string{"results.md", "decrement.svg", "claim.svg"} {
@@ -142,4 +149,29 @@ func TestLockSummary(t *testing.T) {
 	require.Equal(t, "- decrement, hot key, 16 worker(s) × 4 process(es): distlock at 2.00× the 1 ms polling loop, p99 40.00 against 240.00 ms.\n", lockSummary(rows))
 	require.Contains(t, summary(rows), "distlock at 2.00×")
 	require.Empty(t, lockSummary(rows[2:]))
+}
+
+// ops/s is the operations that ended inside the timed window over the
+// window's length. The operations in flight at the deadline still finish and
+// count as successes (the invariant needs every one), but neither they nor
+// the time they run on into the drain are part of the rate; dividing every
+// operation by the whole elapsed time, drain included, gets it wrong both ways.
+func TestThroughputExcludesTheDrain(t *testing.T) {
+	t.Parallel()
+	const window, goroutines, quick = 200 * time.Millisecond, 4, 10
+	began := time.Now()
+	var calls atomic.Int64
+	op := func(context.Context, string) error {
+		if calls.Add(1) <= quick {
+			return nil
+		}
+		// Each goroutine's next operation is in flight at the deadline
+		// and ends well after it.
+		time.Sleep(time.Until(began.Add(window + 100*time.Millisecond)))
+		return nil
+	}
+	var r row
+	r.fill(measure(t.Context(), harness.Config{Goroutines: goroutines, Duration: window}, op))
+	require.Equal(t, quick+goroutines, r.Successes, "the drained operations count as successes")
+	require.Equal(t, float64(quick)/window.Seconds(), r.Throughput, "only those that ended in the window count in ops/s")
 }

@@ -30,10 +30,12 @@ import (
 type row struct {
 	cell
 	Successes, Conflicts, Errors int
-	Throughput                   float64 // completed operations (successes and lost races) per second
-	P50, P99, Max                time.Duration
-	Retries                      int64
-	FirstError                   string
+	// Throughput is operations (successes and lost races) per second of
+	// the timed window: those that ended inside it, over its length.
+	Throughput    float64
+	P50, P99, Max time.Duration
+	Retries       int64
+	FirstError    string
 	// Violation says how the invariant broke; "" when it held.
 	Violation string
 	// Skipped says why the cell did not run.
@@ -42,7 +44,9 @@ type row struct {
 
 func (r *row) fill(o outcome) {
 	r.Successes, r.Conflicts, r.Errors = o.Successes, o.Conflicts, o.Errors
-	r.Throughput = float64(o.Successes+o.Conflicts) / max(o.Elapsed, time.Nanosecond).Seconds()
+	if o.Window > 0 {
+		r.Throughput = float64(o.InWindow) / o.Window.Seconds()
+	}
 	r.P50, r.P99 = o.Percentile(0.5), o.Percentile(0.99)
 	if n := len(o.Latencies); n > 0 {
 		r.Max = o.Latencies[n-1]
@@ -129,15 +133,26 @@ func sibling(rows []row, r row, strategy string) (row, bool) {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d)/float64(time.Millisecond)) }
 
-var columns = []string{"workload", "keys", "workers", "strategy", "ops/s", "×raw", "ok", "conflicts/ok", "retries/ok", "p50 ms", "p99 ms", "max ms", "invariant"}
+// lostShare is the share of operations that lost their race, in percent.
+// A ratio to the successes would read as noise where successes are few by
+// design: the hot key's one job is claimed once, and every later call loses.
+func lostShare(r row) string {
+	ops := r.Successes + r.Conflicts
+	if ops == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f%%", 100*float64(r.Conflicts)/float64(ops))
+}
+
+var columns = []string{"workload", "keys", "workers", "strategy", "ops/s", "×raw", "ok", "lost", "lost %", "retries/ok", "p50 ms", "p99 ms", "max ms", "invariant"}
 
 func fields(rows []row, r row) []string {
 	if r.Skipped != "" {
-		return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), r.Strategy, "-", "-", "-", "-", "-", "-", "-", "-", r.verdict()}
+		return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), r.Strategy, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.verdict()}
 	}
 	return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), r.Strategy,
 		fmt.Sprintf("%.0f", r.Throughput), vsRaw(rows, r), fmt.Sprint(r.Successes),
-		perSuccess(int64(r.Conflicts), r), retries(r), ms(r.P50), ms(r.P99), ms(r.Max), r.verdict()}
+		fmt.Sprint(r.Conflicts), lostShare(r), retries(r), ms(r.P50), ms(r.P99), ms(r.Max), r.verdict()}
 }
 
 func writeTable(w io.Writer, rows []row) {
@@ -167,9 +182,14 @@ func writeReport(ctx context.Context, admin *sqlx.DB, o Options, rows []row, too
 	fmt.Fprintf(&b, "Measured %s on %s/%s, %d CPUs, %s, PostgreSQL %s, in %s.\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), pgVersion, took.Round(time.Second))
 	fmt.Fprintf(&b, "Command: `%s` (%s per cell, %d process(es), median of %d round(s)).\n\n", strings.TrimSpace(o.Command), o.Duration, o.Processes, o.Rounds)
-	b.WriteString("ops/s counts completed operations, successes and lost races (sold out, already claimed) alike; " +
-		"×raw is ops/s over the raw statement's in the same cell; conflicts/ok and retries/ok are per success " +
-		"(retries: optimistic re-runs after a version conflict). The invariant is checked against the table after every cell: " +
+	b.WriteString("ops/s counts the operations, successes and lost races alike, that ended inside the timed window, over its length; " +
+		"the operations still in flight at the deadline finish (so that every success can be checked against the table) " +
+		"and count in ok and lost, not in ops/s. ×raw is ops/s over the raw statement's in the same cell. " +
+		"ok counts successes. lost counts lost races, a normal answer and not an error: \"sold out\" or \"already claimed\", " +
+		"or a strategy that gave up on a busy key; lost % is their share of all operations. " +
+		"In decrement the stock never runs out, so lost stays 0 unless a strategy gives up; in claim each job can be claimed once, " +
+		"so ok is at most the number of jobs and every later call loses: on the hot key nearly 100% lost is the workload, not a fault. " +
+		"retries/ok: optimistic re-runs after a version conflict, per success. The invariant is checked against the table after every cell: " +
 		"decrement — every sale shows in the stock, none below zero; claim — each job claimed by exactly one caller.\n\n")
 	b.WriteString(summary(rows))
 	var files []string
@@ -231,6 +251,11 @@ func writeChart(path, wl string, rows []row) error {
 		{"ops/s", func(r row) float64 { return r.Throughput }},
 		{"p99 latency (ms)", func(r row) float64 { return float64(r.P99) / float64(time.Millisecond) }},
 	}
+	legend := plot.NewLegend()
+	legend.Top, legend.Left = true, true
+	legend.Padding = vg.Millimeter
+	legend.ThumbnailWidth = vg.Centimeter
+	legend.TextStyle.Font.Size = vg.Points(13)
 	plots := make([][]*plot.Plot, len(metrics))
 	for m, metric := range metrics {
 		plots[m] = make([]*plot.Plot, len(keyCounts))
@@ -241,7 +266,6 @@ func writeChart(path, wl string, rows []row) error {
 			p.Y.Label.Text = metric.label
 			p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 			p.Y.Tick.Marker = oneTwoFive{}
-			p.Legend.Top = true
 			var workerTicks []plot.Tick
 			for i, s := range strats {
 				var xys plotter.XYs
@@ -266,9 +290,10 @@ func writeChart(path, wl string, rows []row) error {
 				line.Color, line.Dashes = strategyColor(s), plotutil.Dashes(i)
 				points.Color, points.Shape = strategyColor(s), plotutil.Shape(i)
 				p.Add(line, points)
-				// One legend per chart: every panel has the same lines.
+				// One legend per chart, beside the panels: every panel
+				// has the same lines, and inside one it hides the data.
 				if m == 0 && k == 0 {
-					p.Legend.Add(s, line, points)
+					legend.Add(s, line, points)
 				}
 			}
 			p.X.Tick.Marker = plot.ConstantTicks(workerTicks)
@@ -276,8 +301,8 @@ func writeChart(path, wl string, rows []row) error {
 			plots[m][k] = p
 		}
 	}
-	const cellW, cellH = 7 * vg.Inch, 4.5 * vg.Inch
-	w, h := cellW*vg.Length(len(keyCounts)), cellH*vg.Length(len(metrics))
+	const cellW, cellH, legendW = 7 * vg.Inch, 4.5 * vg.Inch, 1.6 * vg.Inch
+	w, h := cellW*vg.Length(len(keyCounts))+legendW, cellH*vg.Length(len(metrics))
 	var img interface {
 		vg.CanvasSizer
 		io.WriterTo
@@ -289,12 +314,14 @@ func writeChart(path, wl string, rows []row) error {
 	}
 	tiles := draw.Tiles{Rows: len(metrics), Cols: len(keyCounts), PadX: vg.Centimeter, PadY: vg.Centimeter,
 		PadTop: vg.Millimeter * 5, PadBottom: vg.Millimeter * 5, PadLeft: vg.Millimeter * 5, PadRight: vg.Millimeter * 5}
-	canvases := plot.Align(plots, tiles, draw.New(img))
+	whole := draw.New(img)
+	canvases := plot.Align(plots, tiles, draw.Crop(whole, 0, -legendW, 0, 0))
 	for m := range plots {
 		for k := range plots[m] {
 			plots[m][k].Draw(canvases[m][k])
 		}
 	}
+	legend.Draw(draw.Crop(whole, w-legendW+3*vg.Millimeter, 0, 0, -tiles.PadTop-vg.Centimeter))
 	f, err := os.Create(path)
 	if err != nil {
 		return err
@@ -348,25 +375,27 @@ func (p *progress) done() {
 	}
 }
 
-// strategyColor keeps each strategy's colour the same in every chart, with
-// the floor in black and the broken control in grey.
+// strategyColor keeps each strategy's colour the same in every chart: the
+// floor in black, the broken control in grey, and the others from
+// Matplotlib's "tab10" palette, whose hues stay apart from each other (its
+// pink is left out: beside red and purple it is the one pair that blurs).
 func strategyColor(s string) color.Color {
 	palette := map[string]color.RGBA{
 		"raw":         {0, 0, 0, 255},
-		"atomic":      {0, 114, 178, 255},
-		"pessimistic": {213, 94, 0, 255},
-		"optimistic":  {0, 158, 115, 255},
-		"distlock":    {204, 121, 167, 255},
-		"poll":        {160, 160, 60, 255},
-		"redislock":   {86, 180, 233, 255},
-		"redsync":     {120, 60, 160, 255},
-		"queue":       {230, 159, 0, 255},
-		"naive":       {150, 150, 150, 255},
+		"atomic":      {31, 119, 180, 255},  // blue
+		"pessimistic": {255, 127, 14, 255},  // orange
+		"optimistic":  {44, 160, 44, 255},   // green
+		"distlock":    {214, 39, 40, 255},   // red
+		"poll":        {188, 189, 34, 255},  // olive
+		"redislock":   {23, 190, 207, 255},  // cyan
+		"redsync":     {140, 86, 75, 255},   // brown
+		"queue":       {148, 103, 189, 255}, // purple
+		"naive":       {127, 127, 127, 255}, // grey
 	}
 	if c, ok := palette[s]; ok {
 		return c
 	}
-	return color.RGBA{240, 228, 66, 255}
+	return color.RGBA{227, 119, 194, 255} // pink
 }
 
 // oneTwoFive labels a logarithmic axis at 1, 2 and 5 times each power of ten,

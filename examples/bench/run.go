@@ -4,14 +4,17 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	stdatomic "sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contend/contend"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/workload"
@@ -64,6 +67,13 @@ func (c cell) poolSize() int {
 type outcome struct {
 	harness.Result
 	Retries int64 `json:"retries"`
+	// InWindow counts the operations, successes and lost races, that ended
+	// inside the timed window: Result also counts those still in flight at
+	// the deadline, which ran on into the drain, and its Elapsed includes
+	// the drain. Throughput is InWindow over Window, never over Elapsed.
+	InWindow int64 `json:"in_window"`
+	// Window is the timed window: the cell's duration.
+	Window time.Duration `json:"window"`
 }
 
 // Run runs o's grid and returns one row per cell, writing the table to
@@ -212,12 +222,31 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 			return outcome{}, err
 		}
 	}
-	// The cell's deadline stops new operations, never one in flight: an
-	// operation cut short could have committed without being counted, and
-	// the invariant compares every counted success with the table.
-	whole := func(ctx context.Context, key string) error { return op(context.WithoutCancel(ctx), key) }
-	res := harness.Local(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, whole)
-	return outcome{Result: res, Retries: cnt.retries.Load()}, nil
+	out := measure(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, op)
+	out.Retries = cnt.retries.Load()
+	return out, nil
+}
+
+// measure runs op under cfg for cfg.Duration and counts, besides the
+// harness's totals, the operations that ended inside that window.
+//
+// The deadline stops new operations, never one in flight: an operation cut
+// short could have committed without being counted, and the invariant
+// compares every counted success with the table. So the operations in flight
+// at the deadline run on (the drain) and count as successes; they are left
+// out of InWindow, which is what the throughput divides by the window.
+func measure(ctx context.Context, cfg harness.Config, op harness.Op) outcome {
+	var inWindow stdatomic.Int64
+	end := time.Now().Add(cfg.Duration)
+	whole := func(ctx context.Context, key string) error {
+		err := op(context.WithoutCancel(ctx), key)
+		if (err == nil || errors.Is(err, contend.ErrConflict)) && time.Now().Before(end) {
+			inWindow.Add(1)
+		}
+		return err
+	}
+	res := harness.Local(ctx, cfg, whole)
+	return outcome{Result: res, InWindow: inWindow.Load(), Window: cfg.Duration}
 }
 
 // merge adds o's counts to out.
@@ -239,6 +268,9 @@ func (out *outcome) merge(o outcome) {
 	out.FirstErrors = append(out.FirstErrors, o.FirstErrors...)
 	out.Elapsed = max(out.Elapsed, o.Elapsed)
 	out.Retries += o.Retries
+	// The processes start together and time the same window.
+	out.InWindow += o.InWindow
+	out.Window = max(out.Window, o.Window)
 	slices.Sort(out.Latencies)
 }
 
