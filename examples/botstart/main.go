@@ -11,17 +11,36 @@
 // A failed spawn releases the claim with WHERE engine_id = $id, so a late
 // release never clears a newer claim.
 //
-// Run with no arguments, it finds or starts a PostgreSQL server (see
-// internal/testserver), runs two instances of the service on a fresh schema,
-// plays the story against them, and exits non-zero if anything went otherwise
-// than described:
+// It connects to the PostgreSQL server named by CONTEND_POSTGRES_URL
+// (default postgres://postgres@127.0.0.1:5432/test?sslmode=disable).
+//
+// Run with no arguments, it runs two instances of the service on a schema of
+// its own, plays the story against them, drops the schema, and exits non-zero
+// if anything went otherwise than described:
 //
 //	go run ./examples/botstart [-spawn 2s]
+//
+// With -serve, it is the service: one instance listening on the address,
+// working on the database's bots table, which it creates when missing, with
+// the bots of -bots:
+//
+//	go run ./examples/botstart -serve :8080 [-bots bot-1,bot-2] [-spawn 2s]
+//	curl -X POST localhost:8080/bots/bot-1/start   # 200 {"id":"bot-1","engine_id":"…"}
+//	curl -X POST localhost:8080/bots/bot-1/start   # 409 {"error":"bot bot-1 is already running"}
+//	curl localhost:8080/bots/bot-1                 # 200 the bot's row
+//	curl -X POST localhost:8080/bots/bot-1/stop    # 200 {"id":"bot-1","engine_id":null}
+//	curl -X POST localhost:8080/bots/bot-9/start   # 404 {"error":"there is no bot bot-9"}
+//
+// The engines it spawns are an in-process stand-in for a container platform
+// (see Engines): instances in other processes could claim a bot but not stop
+// an engine this one spawned.
 package main
 
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -39,15 +58,20 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
-
-	"github.com/contend/contend/internal/testserver"
 )
 
 func main() {
 	spawn := flag.Duration("spawn", 2*time.Second, "how long spawning an engine takes")
+	addr := flag.String("serve", "", `serve the API on this address (e.g. ":8080") instead of playing the story`)
+	bots := flag.String("bots", "bot-1,bot-2,bot-3", "with -serve: the bots to create when missing, comma-separated")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, *spawn)
+	var err error
+	if *addr != "" {
+		err = serve(ctx, *addr, postgresURL(), strings.Split(*bots, ","), *spawn)
+	} else {
+		err = run(ctx, *spawn)
+	}
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "botstart:", err)
@@ -59,19 +83,12 @@ func run(ctx context.Context, spawnDelay time.Duration) (err error) {
 	if spawnDelay < 0 {
 		return fmt.Errorf("-spawn %v is negative", spawnDelay)
 	}
-	// PostgresURL starts a throwaway server when none answers; StopAll stops it.
-	defer func() { err = errors.Join(err, testserver.StopAll()) }()
-	server, err := testserver.PostgresURL()
+	server := postgresURL()
+	schemaName, dbURL, dropSchema, err := createSchema(ctx, server)
 	if err != nil {
 		return err
 	}
-	schemaName, dbURL, err := testserver.CreateSchema(ctx, server)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		err = errors.Join(err, testserver.DropSchema(context.WithoutCancel(ctx), server, schemaName))
-	}()
+	defer func() { err = errors.Join(err, dropSchema()) }()
 	if err := createBots(ctx, dbURL, "bot-1"); err != nil {
 		return err
 	}
@@ -112,21 +129,56 @@ func run(ctx context.Context, spawnDelay time.Duration) (err error) {
 	return nil
 }
 
+// postgresURL is the server's URL: CONTEND_POSTGRES_URL, else the local
+// server's.
+func postgresURL() string {
+	if u := os.Getenv("CONTEND_POSTGRES_URL"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// createSchema creates a schema of the story's own on the server, so that the
+// story never touches another program's bots table, and returns its name, a
+// URL whose connections work in it, and what drops it.
+func createSchema(ctx context.Context, server string) (name, schemaURL string, drop func() error, err error) {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	name = "botstart_" + hex.EncodeToString(b[:])
+	u, err := url.Parse(server)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("CONTEND_POSTGRES_URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", name) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	execute := func(ctx context.Context, stmt string) error {
+		db, err := sqlx.Open("pgx", server)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		_, err = db.ExecContext(ctx, stmt)
+		return err
+	}
+	if err := execute(ctx, "CREATE SCHEMA "+name); err != nil {
+		return "", "", nil, fmt.Errorf("create schema: %w", err)
+	}
+	drop = func() error {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		return execute(ctx, "DROP SCHEMA "+name+" CASCADE")
+	}
+	return name, u.String(), drop, nil
+}
+
 func createBots(ctx context.Context, dbURL string, ids ...string) error {
 	db, err := sqlx.Open("pgx", dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if _, err := db.ExecContext(ctx, schema); err != nil {
-		return fmt.Errorf("create bots: %w", err)
-	}
-	for _, id := range ids {
-		if _, err := db.ExecContext(ctx, `INSERT INTO bots (id) VALUES ($1)`, id); err != nil {
-			return fmt.Errorf("insert bot %s: %w", id, err)
-		}
-	}
-	return nil
+	return prepare(ctx, db, ids...)
 }
 
 // instance is one server of the service, as a deployment runs several: its

@@ -296,3 +296,74 @@ func TestUnknownBot(t *testing.T) {
 	require.Zero(t, e.engines.Spawns())
 	require.Empty(t, e.engineOf(t), "bot-1 untouched")
 }
+
+// The -serve mode on a database that has no bots table yet: the double click
+// gets one 200 and one 409, a stop then a start work, an unknown bot is 404,
+// and every refusal's body is a message for the user, not the library's error
+// chain.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	db := testserver.Open(t, "pgx", testserver.Postgres(t))
+	svc, err := newServeService(t.Context(), db, []string{"bot-1", " bot-2"}, &Engines{}, log.New(t.Output(), "", 0))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, svc.Close()) })
+	srv := httptest.NewServer(svc.Handler())
+	t.Cleanup(srv.Close)
+	post := func(path string) answer {
+		t.Helper()
+		ans, err := call(t.Context(), srv.Client(), http.MethodPost, srv.URL+path)
+		require.NoError(t, err)
+		return ans
+	}
+
+	answers := make(chan answer, 2)
+	var ready, done sync.WaitGroup
+	ready.Add(2)
+	gate := make(chan struct{})
+	for range 2 {
+		done.Go(func() {
+			ready.Done()
+			<-gate
+			ans, err := call(t.Context(), srv.Client(), http.MethodPost, srv.URL+"/bots/bot-1/start")
+			if err != nil {
+				ans.body = []byte(err.Error())
+			}
+			answers <- ans
+		})
+	}
+	ready.Wait()
+	close(gate)
+	done.Wait()
+	close(answers)
+	byCode := map[int]string{}
+	for ans := range answers {
+		byCode[ans.code] = string(ans.body)
+	}
+	require.Len(t, byCode, 2, "one start wins, one loses: %v", byCode)
+	require.Contains(t, byCode, http.StatusOK)
+	require.JSONEq(t, `{"error":"bot bot-1 is already running"}`, byCode[http.StatusConflict])
+
+	stopped := post("/bots/bot-1/stop")
+	require.Equal(t, http.StatusOK, stopped.code)
+	require.JSONEq(t, `{"id":"bot-1","engine_id":null}`, string(stopped.body))
+	again := post("/bots/bot-1/stop")
+	require.Equal(t, http.StatusConflict, again.code)
+	require.JSONEq(t, `{"error":"bot bot-1 is not running"}`, string(again.body))
+	require.Equal(t, http.StatusOK, post("/bots/bot-1/start").code)
+	require.Equal(t, http.StatusOK, post("/bots/bot-2/start").code, "the bots given, trimmed, exist")
+
+	for _, path := range []string{"/bots/ghost/start", "/bots/ghost/stop"} {
+		ans := post(path)
+		require.Equal(t, http.StatusNotFound, ans.code, path)
+		require.JSONEq(t, `{"error":"there is no bot ghost"}`, string(ans.body), path)
+	}
+
+	// Preparing again, as a restarted -serve does, keeps the bots' state.
+	restarted, err := newServeService(t.Context(), db, []string{"bot-1"}, &Engines{}, log.New(t.Output(), "", 0))
+	require.NoError(t, err)
+	require.NoError(t, restarted.Close())
+	require.Len(t, svc.engines.(*Engines).Running(), 2)
+	var claimed int
+	require.NoError(t, db.Get(&claimed, `SELECT count(*) FROM bots WHERE engine_id IS NOT NULL`))
+	require.Equal(t, 2, claimed)
+}

@@ -19,7 +19,7 @@ import (
 // schema is the table the service works on: one row per bot, engine_id NULL
 // while the bot is stopped, and otherwise the id of its engine, running or
 // still being spawned.
-const schema = `CREATE TABLE bots (id text PRIMARY KEY, engine_id text)`
+const schema = `CREATE TABLE IF NOT EXISTS bots (id text PRIMARY KEY, engine_id text)`
 
 // releaseTimeout bounds the release of a claim, which runs even after the
 // request that made the claim is gone.
@@ -74,8 +74,13 @@ type botStatus struct {
 func (s *Service) start(w http.ResponseWriter, r *http.Request) error {
 	bot := r.PathValue("id")
 	engineID, err := s.claims.Claim(r.Context(), bot)
-	if err != nil {
-		return fmt.Errorf("start: %w", err) // ErrConflict: running or starting; ErrNotFound: no such bot
+	switch {
+	case errors.Is(err, contend.ErrConflict): // running, or starting
+		return refuse(http.StatusConflict, err, "bot %s is already running", bot)
+	case errors.Is(err, contend.ErrNotFound):
+		return refuse(http.StatusNotFound, err, "there is no bot %s", bot)
+	case err != nil:
+		return fmt.Errorf("start %s: %w", bot, err)
 	}
 	if err := s.engines.Spawn(r.Context(), engineID, bot); err != nil {
 		// Unreleased, the bot would stay claimed by an engine that never ran
@@ -94,17 +99,17 @@ func (s *Service) stop(w http.ResponseWriter, r *http.Request) error {
 	bot := r.PathValue("id")
 	st, err := s.status(r.Context(), bot)
 	if err != nil {
-		return fmt.Errorf("stop: %w", err)
+		return err
 	}
 	if st.EngineID == nil {
-		return fmt.Errorf("stop %s: not running: %w", bot, contend.ErrConflict)
+		return refuse(http.StatusConflict, nil, "bot %s is not running", bot)
 	}
 	engineID := *st.EngineID
 	if err := s.engines.Stop(r.Context(), engineID); errors.Is(err, ErrNoEngine) {
 		// The start that claimed the bot is still spawning (or another stop
 		// got here first). Releasing now would let that engine come up with
 		// no row naming it: the orphan of the story.
-		return fmt.Errorf("stop %s: engine %s is not up: %w", bot, engineID, contend.ErrConflict)
+		return refuse(http.StatusConflict, err, "bot %s is still starting or stopping; try again", bot)
 	} else if err != nil {
 		return fmt.Errorf("stop %s: %w", bot, err)
 	}
@@ -113,7 +118,7 @@ func (s *Service) stop(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("stop %s: engine %s stopped: %w", bot, engineID, err)
 	}
 	if !released {
-		return fmt.Errorf("stop %s: engine %s stopped, but the row no longer named it: %w", bot, engineID, contend.ErrConflict)
+		return refuse(http.StatusConflict, nil, "bot %s was stopped and started again meanwhile", bot)
 	}
 	writeJSON(w, http.StatusOK, botStatus{ID: bot})
 	return nil
@@ -132,7 +137,7 @@ func (s *Service) status(ctx context.Context, bot string) (botStatus, error) {
 	st := botStatus{ID: bot}
 	err := s.db.GetContext(ctx, &st.EngineID, `SELECT engine_id FROM bots WHERE id = $1`, bot)
 	if errors.Is(err, sql.ErrNoRows) {
-		return st, fmt.Errorf("bot %s: %w", bot, contend.ErrNotFound)
+		return st, refuse(http.StatusNotFound, err, "there is no bot %s", bot)
 	}
 	return st, err
 }
@@ -146,25 +151,44 @@ func (s *Service) release(ctx context.Context, bot, engineID string) (bool, erro
 	return s.claims.Release(ctx, bot, engineID)
 }
 
-// handle answers a handler's error: a lost race is 409 and an unknown bot 404,
-// with the error as the message; anything else is 500, logged here and not
-// shown to the client.
+// refusal is a request the service turns down, a normal answer and not a
+// failure: the status and a message written for the user. The cause (the
+// library's error chain, "atomic: claim ...: contend: conflict") is for the
+// code and the logs; the client never sees it.
+type refusal struct {
+	code  int
+	msg   string
+	cause error
+}
+
+func refuse(code int, cause error, format string, args ...any) *refusal {
+	return &refusal{code: code, msg: fmt.Sprintf(format, args...), cause: cause}
+}
+
+func (r *refusal) Error() string {
+	if r.cause == nil {
+		return r.msg
+	}
+	return r.msg + ": " + r.cause.Error()
+}
+
+func (r *refusal) Unwrap() error { return r.cause }
+
+// handle answers a handler's error: a refusal with its status and message
+// (409 for a lost race, 404 for an unknown bot); anything else is 500, logged
+// here and not shown to the client.
 func (s *Service) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		err := h(w, r)
 		if err == nil {
 			return
 		}
-		code, msg := http.StatusInternalServerError, http.StatusText(http.StatusInternalServerError)
-		switch {
-		case errors.Is(err, contend.ErrConflict):
-			code, msg = http.StatusConflict, err.Error()
-		case errors.Is(err, contend.ErrNotFound):
-			code, msg = http.StatusNotFound, err.Error()
-		default:
-			s.log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
+		if ref, ok := errors.AsType[*refusal](err); ok {
+			writeJSON(w, ref.code, errorBody{Error: ref.msg})
+			return
 		}
-		writeJSON(w, code, errorBody{Error: msg})
+		s.log.Printf("%s %s: %v", r.Method, r.URL.Path, err)
+		writeJSON(w, http.StatusInternalServerError, errorBody{Error: http.StatusText(http.StatusInternalServerError)})
 	})
 }
 
