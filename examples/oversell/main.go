@@ -4,9 +4,15 @@
 // First the naive way — read the stock, check it, write it back — with a
 // sync.Mutex in each process: every process keeps its own goroutines apart and
 // nothing else, so the processes sell more than there is. Then the same
-// read-check-write under each strategy's guard (the same function body, passed
-// to each Guard), the atomic conditional UPDATE, and a queue on Redis Streams
-// that hands every purchase of the product to one consumer: none oversells.
+// read-check-write under each strategy's guard (the same function, sellOne,
+// passed to each Guard), the atomic conditional UPDATE, and a queue on Redis
+// Streams that hands every purchase of the product to one consumer: none
+// oversells. Each strategy's sale is one short function below, sellWith….
+//
+// It connects to the PostgreSQL server named by CONTEND_POSTGRES_URL (default
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and the Redis server
+// named by CONTEND_REDIS_URL (default redis://127.0.0.1:6379/0), and works in
+// a schema and under a key prefix of its own, removed at the end.
 //
 //	go run ./examples/oversell [-processes 3] [-buyers 32] [-stock 200]
 //
@@ -15,34 +21,157 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/url"
 	"os"
+	"os/exec"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
-	"github.com/contend/contend/internal/testserver"
-	"github.com/contend/contend/internal/token"
-	"github.com/contend/contend/internal/txn"
-	"github.com/contend/contend/internal/workers"
-	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/optimistic"
 	"github.com/contend/contend/pessimistic"
 	"github.com/contend/contend/queue"
 	"github.com/contend/contend/queue/redisq"
 )
 
-// strategies, in the order they are shown.
-var strategies = []string{"naive-mutex", "atomic", "pessimistic", "optimistic", "distlock", "queue"}
+// errSoldOut is a buyer's lost race: nothing left. It matches
+// contend.ErrConflict, as the guards' own lost races do.
+var errSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
+
+// sellOne is the naive read-check-write: read the stock, refuse when none is
+// left, write back what was read minus one. Two buyers that read the same
+// stock both write stock-1, and one sale vanishes from the stock: it is
+// correct only when nothing else sells the product between its read and its
+// write. Under a guard, contend.Querier hands it the guard's transaction.
+func sellOne(ctx context.Context, db contend.DBTX, product string) error {
+	q := contend.Querier(ctx, db)
+	var stock int64
+	if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, product).Scan(&stock); err != nil {
+		return err
+	}
+	if stock < 1 {
+		return errSoldOut
+	}
+	_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, product, stock-1)
+	return err
+}
+
+// shop is one server process's way to sell: a pool, and the guard or queue
+// of the strategy it runs.
+type shop struct {
+	db     *sqlx.DB
+	mu     sync.Mutex // the naive guard: this process's goroutines only
+	locker *pessimistic.Locker
+	guard  *optimistic.Guard
+	locks  *distlock.Client
+	queue  *redisq.Queue
+}
+
+// sellWithMutex keeps this process's buyers apart, and nothing else: the
+// other processes read and write the stock meanwhile. It oversells.
+func (s *shop) sellWithMutex(ctx context.Context, product string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return sellOne(ctx, s.db, product)
+}
+
+// sellAtomic puts the check into the write: the database applies the UPDATE
+// only while stock is left, so no read goes stale.
+func (s *shop) sellAtomic(ctx context.Context, product string) error {
+	sold, err := atomic.Update(ctx, s.db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, product)
+	if err == nil && !sold {
+		return errSoldOut
+	}
+	return err
+}
+
+// sellPessimistic locks the product's row (SELECT ... FOR UPDATE) and runs
+// the read-check-write in that transaction: the other buyers wait.
+func (s *shop) sellPessimistic(ctx context.Context, product string) error {
+	return s.locker.Do(ctx, product, func(ctx context.Context) error { return sellOne(ctx, s.db, product) })
+}
+
+// sellOptimistic runs the read-check-write in a transaction that commits only
+// if the row's version did not move meanwhile, and runs it again if it did.
+func (s *shop) sellOptimistic(ctx context.Context, product string) error {
+	return s.guard.Do(ctx, product, func(ctx context.Context) error { return sellOne(ctx, s.db, product) })
+}
+
+// sellWithDistlock holds a Redis lock on the product, in every process,
+// around the read-check-write.
+func (s *shop) sellWithDistlock(ctx context.Context, product string) error {
+	return s.locks.Do(ctx, product, func(ctx context.Context) error { return sellOne(ctx, s.db, product) })
+}
+
+// sellQueued submits the purchase to the product's partition and waits for
+// the answer; handlePurchase, in whichever process consumes that partition,
+// makes the sale.
+func (s *shop) sellQueued(ctx context.Context, product string) error {
+	answer, err := s.queue.Submit(ctx, product, []byte(randomID()))
+	if err == nil && string(answer) == "sold out" {
+		return errSoldOut
+	}
+	return err
+}
+
+// handlePurchase sells one item for a purchase off the queue. The queue
+// delivers at least once: a purchase redelivered after its consumer died
+// answers what it answered before instead of selling again. The sale and its
+// record are one statement, so the record exists exactly when the sale does;
+// two deliveries of one purchase at once cannot both record it (the primary
+// key), and the one that fails is undone entirely and, retried, answers from
+// the record.
+func (s *shop) handlePurchase(ctx context.Context, job queue.Job) ([]byte, error) {
+	var sold bool
+	err := s.db.QueryRowContext(ctx, `SELECT sold FROM sales WHERE id = $1`, string(job.Payload)).Scan(&sold)
+	if errors.Is(err, sql.ErrNoRows) {
+		err = s.db.QueryRowContext(ctx, `
+			WITH sale AS (UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1 RETURNING 1)
+			INSERT INTO sales (id, sold) VALUES ($2, EXISTS (SELECT 1 FROM sale)) RETURNING sold`,
+			job.Key, string(job.Payload)).Scan(&sold)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !sold {
+		return []byte("sold out"), nil
+	}
+	return []byte("sold"), nil
+}
+
+// strategies, in the order they are shown, with each one's sale.
+var strategies = []struct {
+	name string
+	sell func(s *shop, ctx context.Context, product string) error
+}{
+	{"naive-mutex", (*shop).sellWithMutex},
+	{"atomic", (*shop).sellAtomic},
+	{"pessimistic", (*shop).sellPessimistic},
+	{"optimistic", (*shop).sellOptimistic},
+	{"distlock", (*shop).sellWithDistlock},
+	{"queue", (*shop).sellQueued},
+}
+
+// product is the one product every buyer wants.
+const product = "sku-1"
 
 func main() {
 	var (
@@ -55,9 +184,6 @@ func main() {
 		os.Exit(workerMain())
 	}
 	ok, err := run(*processes, *buyers, *stock)
-	if stopErr := testserver.StopAll(); err == nil {
-		err = stopErr
-	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "oversell:", err)
 		os.Exit(1)
@@ -70,70 +196,73 @@ func main() {
 // outcome is what one server process reports.
 type outcome struct {
 	Sold    int           `json:"sold"`
-	SoldOut int           `json:"sold_out"`
 	Errors  []string      `json:"errors"`
 	Elapsed time.Duration `json:"elapsed"`
 }
 
+// orders is what a server process is told to do, in its environment.
+type orders struct {
+	Strategy    string `json:"strategy"`
+	Buyers      int    `json:"buyers"`
+	PostgresURL string `json:"postgres_url"` // the run's schema
+	RedisURL    string `json:"redis_url"`
+	RedisPrefix string `json:"redis_prefix"`
+}
+
 func run(processes, buyers int, stock int64) (ok bool, err error) {
 	ctx := context.Background()
-	redisURL, err := testserver.RedisURL()
+	dbURL, dropSchema, err := createSchema(ctx, env("CONTEND_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
 		return false, err
 	}
-	url, drop, err := testserver.Schema(ctx)
-	if err != nil {
-		return false, err
-	}
-	defer func() { err = errors.Join(err, drop()) }()
-	db, err := sqlx.Open("pgx", url)
+	defer func() { err = errors.Join(err, dropSchema()) }()
+	db, err := sqlx.Open("pgx", dbURL)
 	if err != nil {
 		return false, err
 	}
 	defer db.Close()
-	prefix := testserver.RandomName("contend:oversell:") + ":"
+	redisURL := env("CONTEND_REDIS_URL", "redis://127.0.0.1:6379/0")
+	prefix := "oversell:" + randomID() + ":"
+	defer func() { err = errors.Join(err, deleteKeys(context.WithoutCancel(ctx), redisURL, prefix)) }()
 
 	fmt.Printf("%d server processes × %d buyers each, selling %d items of one product\n\n", processes, buyers, stock)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "strategy\tsold\tstock left\toversold\tsales/s\t")
 	ok = true
 	for _, s := range strategies {
-		if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS products`); err != nil {
-			return false, err
-		}
-		if err := workload.ProductsTable(ctx, db, stock, workload.Hot); err != nil {
-			return false, err
-		}
 		// The optimistic guard's version lives on the row it guards; the
-		// queue's handler records each purchase, so a redelivered job (the
-		// queue delivers at least once) answers again without selling again.
-		if _, err := db.ExecContext(ctx, `ALTER TABLE products ADD COLUMN version bigint NOT NULL DEFAULT 0;
-			DROP TABLE IF EXISTS sales; CREATE TABLE sales (id text PRIMARY KEY, outcome text NOT NULL DEFAULT '')`); err != nil {
+		// queue's handler records each purchase in sales.
+		if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS products, sales;
+			CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0);
+			CREATE TABLE sales (id text PRIMARY KEY, sold boolean NOT NULL)`); err != nil {
 			return false, err
 		}
-		env := []string{"OVERSELL_POSTGRES=" + url, "OVERSELL_REDIS=" + redisURL, "OVERSELL_PREFIX=" + prefix + s + ":"}
-		total, err := spawn(ctx, s, processes, buyers, env)
+		if _, err := db.ExecContext(ctx, `INSERT INTO products (id, stock) VALUES ($1, $2)`, product, stock); err != nil {
+			return false, err
+		}
+		total, err := spawn(ctx, processes, orders{Strategy: s.name, Buyers: buyers,
+			PostgresURL: dbURL, RedisURL: redisURL, RedisPrefix: prefix + s.name + ":"})
 		if err != nil {
-			return false, fmt.Errorf("%s: %w", s, err)
+			return false, fmt.Errorf("%s: %w", s.name, err)
 		}
 		var left int64
-		if err := db.GetContext(ctx, &left, `SELECT stock FROM products WHERE id = $1`, workload.Hot); err != nil {
+		if err := db.GetContext(ctx, &left, `SELECT stock FROM products WHERE id = $1`, product); err != nil {
 			return false, err
 		}
 		// Sales the stock does not show: items sold twice.
 		oversold := int64(total.Sold) - (stock - left)
 		verdict := ""
 		switch {
-		case s == "naive-mutex" && oversold <= 0:
+		case s.name == "naive-mutex" && oversold <= 0:
 			verdict, ok = "  ← expected to oversell, and did not: the demonstration failed", false
-		case s == "naive-mutex":
+		case s.name == "naive-mutex":
 			verdict = "  ← each process's mutex kept only its own goroutines apart"
 		case oversold != 0 || left < 0 || int64(total.Sold) > stock:
 			verdict, ok = "  ← OVERSOLD", false
 		case len(total.Errors) > 0:
 			verdict, ok = "  ← errors: "+total.Errors[0], false
 		}
-		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%.0f\t%s\n", s, total.Sold, left, oversold,
+		fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%.0f\t%s\n", s.name, total.Sold, left, oversold,
 			float64(total.Sold)/total.Elapsed.Seconds(), verdict)
 	}
 	w.Flush()
@@ -143,83 +272,60 @@ func run(processes, buyers int, stock int64) (ok bool, err error) {
 	return ok, nil
 }
 
-// spawn runs processes server processes of strategy, starts them at once, and
-// sums what they report.
-func spawn(ctx context.Context, strategy string, processes, buyers int, env []string) (outcome, error) {
-	env = append(env, workerEnv+"="+strategy, fmt.Sprintf("OVERSELL_BUYERS=%d", buyers))
-	reports, err := workers.Spawn[outcome](ctx, processes, env)
+// serve is one server process: it connects, tells the parent it is ready on
+// out, waits for the word on in, and lets its buyers buy until told "sold
+// out".
+func serve(o orders, in io.Reader, out io.Writer) (outcome, error) {
+	ctx := context.Background()
+	var sell func(*shop, context.Context, string) error
+	for _, s := range strategies {
+		if s.name == o.Strategy {
+			sell = s.sell
+		}
+	}
+	if sell == nil {
+		return outcome{}, fmt.Errorf("unknown strategy %q", o.Strategy)
+	}
+	db, err := sqlx.Open("pgx", o.PostgresURL)
 	if err != nil {
 		return outcome{}, err
 	}
-	var total outcome
-	for _, o := range reports {
-		total.Sold += o.Sold
-		total.SoldOut += o.SoldOut
-		total.Errors = append(total.Errors, o.Errors...)
-		total.Elapsed = max(total.Elapsed, o.Elapsed)
-	}
-	return total, nil
-}
-
-// workerEnv names the strategy a re-executed copy of this program serves.
-const workerEnv = "OVERSELL_WORKER"
-
-func isWorker() bool { return os.Getenv(workerEnv) != "" }
-
-// workerMain runs this process as a server process and returns its exit code.
-func workerMain() int {
-	var buyers int
-	if _, err := fmt.Sscan(os.Getenv("OVERSELL_BUYERS"), &buyers); err != nil {
-		fmt.Fprintln(os.Stderr, "oversell worker:", err)
-		return 1
-	}
-	if err := serve(os.Getenv(workerEnv), buyers); err != nil {
-		fmt.Fprintln(os.Stderr, "oversell worker:", err)
-		return 1
-	}
-	return 0
-}
-
-// serve is one server process: its buyers keep buying until told "sold out".
-func serve(strategy string, buyers int) error {
-	ctx := context.Background()
-	db, err := sqlx.Open("pgx", os.Getenv("OVERSELL_POSTGRES"))
-	if err != nil {
-		return err
-	}
 	defer db.Close()
 	db.SetMaxOpenConns(8)
-	opts, err := redis.ParseURL(os.Getenv("OVERSELL_REDIS"))
+	opts, err := redis.ParseURL(o.RedisURL)
 	if err != nil {
-		return err
+		return outcome{}, err
 	}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-
-	buy, closeFn, err := buyer(strategy, db, rdb, os.Getenv("OVERSELL_PREFIX"))
+	s, closeShop, err := openShop(ctx, db, rdb, o.RedisPrefix, o.Strategy == "queue")
 	if err != nil {
-		return err
+		return outcome{}, err
 	}
-	defer closeFn()
+	defer closeShop()
 	if err := db.PingContext(ctx); err != nil {
-		return err
+		return outcome{}, err
 	}
-	if err := workers.Ready(os.Stdin, os.Stdout); err != nil {
-		return err
+	// Ready, then wait: every process starts buying at the same moment.
+	if _, err := fmt.Fprintln(out, "ready"); err != nil {
+		return outcome{}, err
 	}
-	// Each buyer keeps buying until it is told the product is sold out.
+	if _, err := bufio.NewReader(in).ReadString('\n'); err != nil {
+		return outcome{}, err
+	}
+
 	var (
-		mu  sync.Mutex // protects out
-		out outcome
+		mu  sync.Mutex // protects res
+		res outcome
 		wg  sync.WaitGroup
 	)
 	start := time.Now()
-	for range buyers {
+	for range o.Buyers {
 		wg.Go(func() {
 			var sold int
 			var failure error
 			for {
-				err := buy(ctx, workload.Hot)
+				err := sell(s, ctx, product)
 				if err == nil {
 					sold++
 					continue
@@ -231,100 +337,199 @@ func serve(strategy string, buyers int) error {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			out.Sold += sold
-			out.SoldOut++
+			res.Sold += sold
 			if failure != nil {
-				out.Errors = append(out.Errors, failure.Error())
+				res.Errors = append(res.Errors, failure.Error())
 			}
 		})
 	}
 	wg.Wait()
-	out.Elapsed = time.Since(start)
-	return workers.Report(os.Stdout, out)
+	res.Elapsed = time.Since(start)
+	return res, nil
 }
 
-// buyer returns strategy's buy operation and what closes it.
-func buyer(strategy string, db *sqlx.DB, rdb *redis.Client, prefix string) (func(context.Context, string) error, func(), error) {
-	nothing := func() {}
-	switch strategy {
-	case "naive-mutex":
-		return workload.Guarded(&workload.MutexGuard{}, workload.Sell(db)), nothing, nil
-	case "atomic":
-		return func(ctx context.Context, key string) error {
-			sold, err := atomic.Update(ctx, db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, key)
-			if err == nil && !sold {
-				err = workload.ErrSoldOut
-			}
-			return err
-		}, nothing, nil
-	case "pessimistic":
-		l, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
-		return workload.Guarded(l, workload.Sell(db)), nothing, err
-	case "optimistic":
-		g, err := optimistic.NewGuard(db, optimistic.Config{Table: "products", Retry: contend.Retry{MaxAttempts: 1000}})
-		return workload.Guarded(g, workload.Sell(db)), nothing, err
-	case "distlock":
-		c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix})
-		if err != nil {
-			return nil, nil, err
-		}
-		return workload.Guarded(c, workload.Sell(db)), func() { c.Close(context.Background()) }, nil
-	case "queue":
-		return queued(db, rdb, prefix)
-	}
-	return nil, nil, fmt.Errorf("unknown strategy %q", strategy)
-}
-
-// queued sells through a queue on Redis Streams shared by every process:
-// each purchase is a job on the product's partition, which one process at a
-// time consumes, so purchases of one product never race. The handler records
-// each purchase by its id in the same transaction as the sale, because the
-// queue delivers at least once: a job redelivered after an owner died answers
-// what it answered before instead of selling again.
-func queued(db *sqlx.DB, rdb *redis.Client, prefix string) (func(context.Context, string) error, func(), error) {
-	handle := func(ctx context.Context, job queue.Job) ([]byte, error) {
-		var outcome string
-		_, err := txn.Run(ctx, db, txn.Options{}, func(ctx context.Context, tx contend.DBTX) error {
-			res, err := tx.ExecContext(ctx, `INSERT INTO sales (id) VALUES ($1) ON CONFLICT (id) DO NOTHING`, string(job.Payload))
-			if err != nil {
-				return err
-			}
-			if n, _ := res.RowsAffected(); n == 0 {
-				return tx.QueryRowContext(ctx, `SELECT outcome FROM sales WHERE id = $1`, string(job.Payload)).Scan(&outcome)
-			}
-			sold, err := atomic.Update(ctx, tx, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, job.Key)
-			if err != nil {
-				return err
-			}
-			outcome = map[bool]string{true: "sold", false: "sold out"}[sold]
-			_, err = tx.ExecContext(ctx, `UPDATE sales SET outcome = $2 WHERE id = $1`, string(job.Payload), outcome)
-			return err
-		})
-		return []byte(outcome), err
-	}
-	q, err := redisq.New(redisq.Config{Redis: rdb, Prefix: prefix, Partitions: 4, Handler: handle})
-	if err != nil {
+// openShop makes a process's shop on db and rdb, with a queue consumer when
+// withQueue is set, and returns it with what closes it.
+func openShop(ctx context.Context, db *sqlx.DB, rdb *redis.Client, prefix string, withQueue bool) (*shop, func(), error) {
+	s := &shop{db: db}
+	var err error
+	if s.locker, err = pessimistic.New(db, pessimistic.Config{Table: "products"}); err != nil {
 		return nil, nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = q.Run(ctx)
-	}()
-	stop := func() {
-		_ = q.Close(context.Background())
-		cancel()
-		<-done
+	// Every buyer retries on the one hot row: allow many attempts.
+	if s.guard, err = optimistic.NewGuard(db, optimistic.Config{Table: "products", Retry: contend.Retry{MaxAttempts: 1000}}); err != nil {
+		return nil, nil, err
 	}
-	return func(ctx context.Context, key string) error {
-		answer, err := q.Submit(ctx, key, []byte(token.New()))
-		switch {
-		case err != nil:
-			return err
-		case string(answer) == "sold out":
-			return workload.ErrSoldOut
+	if s.locks, err = distlock.NewClient(rdb, distlock.Config{Prefix: prefix + "locks:"}); err != nil {
+		return nil, nil, err
+	}
+	closeLocks := func() { _ = s.locks.Close(context.WithoutCancel(ctx)) }
+	if !withQueue {
+		return s, closeLocks, nil
+	}
+	s.queue, err = redisq.New(redisq.Config{Redis: rdb, Prefix: prefix + "queue:", Partitions: 4, Handler: s.handlePurchase})
+	if err != nil {
+		closeLocks()
+		return nil, nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() {
+		defer close(ran)
+		_ = s.queue.Run(runCtx)
+	}()
+	return s, func() {
+		_ = s.queue.Close(context.WithoutCancel(ctx))
+		cancel()
+		<-ran
+		closeLocks()
+	}, nil
+}
+
+// workerEnv carries a server process's orders: a copy of this program (or of
+// its test binary) that finds it set is a server process, not the story.
+const workerEnv = "OVERSELL_WORKER"
+
+func isWorker() bool { return os.Getenv(workerEnv) != "" }
+
+// workerMain runs this process as a server process and returns its exit code.
+func workerMain() int {
+	var o orders
+	err := json.Unmarshal([]byte(os.Getenv(workerEnv)), &o)
+	var res outcome
+	if err == nil {
+		res, err = serve(o, os.Stdin, os.Stdout)
+	}
+	if err == nil {
+		err = json.NewEncoder(os.Stdout).Encode(res)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "oversell worker:", err)
+		return 1
+	}
+	return 0
+}
+
+// spawn runs processes copies of this program as server processes with o,
+// starts them together once every one is ready, and sums what they report.
+func spawn(ctx context.Context, processes int, o orders) (outcome, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return outcome{}, err
+	}
+	assigned, err := json.Marshal(o)
+	if err != nil {
+		return outcome{}, err
+	}
+	type proc struct {
+		cmd   *exec.Cmd
+		stdin io.WriteCloser
+		out   *bufio.Reader
+	}
+	procs := make([]proc, 0, processes)
+	defer func() {
+		for _, p := range procs {
+			p.stdin.Close() // a copy still waiting for the word ends
+			_ = p.cmd.Wait()
 		}
-		return nil
-	}, stop, nil
+	}()
+	for range processes {
+		cmd := exec.CommandContext(ctx, self)
+		cmd.Env = append(os.Environ(), workerEnv+"="+string(assigned))
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return outcome{}, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return outcome{}, err
+		}
+		if err := cmd.Start(); err != nil {
+			return outcome{}, err
+		}
+		procs = append(procs, proc{cmd, stdin, bufio.NewReader(stdout)})
+	}
+	// Every copy connects first; then all start together, so the buyers
+	// race rather than run in the order the copies booted.
+	for i, p := range procs {
+		if line, err := p.out.ReadString('\n'); err != nil || strings.TrimSpace(line) != "ready" {
+			return outcome{}, fmt.Errorf("server process %d did not get ready: %q: %v", i, line, err)
+		}
+	}
+	for _, p := range procs {
+		if _, err := io.WriteString(p.stdin, "go\n"); err != nil {
+			return outcome{}, err
+		}
+	}
+	var total outcome
+	for i, p := range procs {
+		var o outcome
+		if err := json.NewDecoder(p.out).Decode(&o); err != nil {
+			return outcome{}, fmt.Errorf("server process %d report: %w", i, err)
+		}
+		total.Sold += o.Sold
+		total.Errors = append(total.Errors, o.Errors...)
+		total.Elapsed = max(total.Elapsed, o.Elapsed)
+	}
+	return total, nil
+}
+
+// env is the environment variable name's value, or def when it is unset.
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// randomID returns 64 random bits in hex: a purchase id, a key prefix.
+func randomID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// createSchema creates a schema of the run's own on the server, so that the
+// story never touches another program's tables, and returns a URL whose
+// connections work in it, and what drops it.
+func createSchema(ctx context.Context, server string) (schemaURL string, drop func() error, err error) {
+	name := "oversell_" + randomID()
+	u, err := url.Parse(server)
+	if err != nil {
+		return "", nil, fmt.Errorf("CONTEND_POSTGRES_URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", name) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	execute := func(ctx context.Context, stmt string) error {
+		db, err := sqlx.Open("pgx", server)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		_, err = db.ExecContext(ctx, stmt)
+		return err
+	}
+	if err := execute(ctx, "CREATE SCHEMA "+name); err != nil {
+		return "", nil, fmt.Errorf("create schema: %w", err)
+	}
+	return u.String(), func() error { return execute(context.WithoutCancel(ctx), "DROP SCHEMA "+name+" CASCADE") }, nil
+}
+
+// deleteKeys deletes the Redis keys under prefix.
+func deleteKeys(ctx context.Context, redisURL, prefix string) error {
+	opts, err := redis.ParseURL(redisURL)
+	if err != nil {
+		return err
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if err := rdb.Del(ctx, iter.Val()).Err(); err != nil {
+			return err
+		}
+	}
+	return iter.Err()
 }
