@@ -14,9 +14,13 @@
 // Each acquisition's token is larger than every earlier one, so the late
 // write of a stalled holder changes nothing: the database refuses it.
 //
-// Run with no arguments, it finds or starts PostgreSQL and Redis (see
-// internal/testserver), runs three instances for a few periods, then plays a
-// stalled holder, and exits non-zero if anything went otherwise than
+// It connects to the PostgreSQL server named by CONTEND_POSTGRES_URL (default
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable) and the Redis server
+// named by CONTEND_REDIS_URL (default redis://127.0.0.1:6379/0), and works in
+// a schema and under a key prefix of its own, removed at the end.
+//
+// Run with no arguments, it runs three instances for a few periods, then
+// plays a stalled holder, and exits non-zero if anything went otherwise than
 // described:
 //
 //	go run ./examples/settlement [-periods 4] [-period 300ms]
@@ -24,10 +28,13 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -41,7 +48,6 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
-	"github.com/contend/contend/internal/testserver"
 )
 
 func main() {
@@ -67,13 +73,8 @@ func run(ctx context.Context, out io.Writer, periods int, period time.Duration) 
 	if periods < 1 || period < 50*time.Millisecond {
 		return fmt.Errorf("need at least one period of at least 50ms, not %d of %v", periods, period)
 	}
-	// The URL functions start throwaway servers when none answers.
-	defer func() { err = errors.Join(err, testserver.StopAll()) }()
-	redisURL, err := testserver.RedisURL()
-	if err != nil {
-		return err
-	}
-	dbURL, drop, err := testserver.Schema(ctx)
+	redisURL := env("CONTEND_REDIS_URL", "redis://127.0.0.1:6379/0")
+	dbURL, drop, err := createSchema(ctx, env("CONTEND_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
 	if err != nil {
 		return err
 	}
@@ -86,7 +87,7 @@ func run(ctx context.Context, out io.Writer, periods int, period time.Duration) 
 	if _, err := db.ExecContext(ctx, schema); err != nil {
 		return fmt.Errorf("create tables: %w", err)
 	}
-	prefix := testserver.RandomName("contend:settlement:") + ":"
+	prefix := "settlement:" + randomID() + ":"
 
 	var instances []*instance
 	defer func() {
@@ -102,7 +103,7 @@ func run(ctx context.Context, out io.Writer, periods int, period time.Duration) 
 		instances = append(instances, in)
 	}
 	defer func() {
-		err = errors.Join(err, testserver.DeletePrefix(context.WithoutCancel(ctx), instances[0].rdb, prefix))
+		err = errors.Join(err, deleteKeys(context.WithoutCancel(ctx), instances[0].rdb, prefix))
 	}()
 
 	d := &demo{out: out}
@@ -331,4 +332,57 @@ func (d *demo) checkLedger(ctx context.Context, db *sqlx.DB, periods int) error 
 	fmt.Fprintln(d.out)
 	d.expect(once, "the ledger shows each of the %d periods settled exactly once", periods)
 	return nil
+}
+
+// env is the environment variable name's value, or def when it is unset.
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// randomID returns 64 random bits in hex, for names no other run picks.
+func randomID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// createSchema creates a schema of the run's own on the server, so that the
+// story never touches another program's tables, and returns a URL whose
+// connections work in it, and what drops it.
+func createSchema(ctx context.Context, server string) (schemaURL string, drop func() error, err error) {
+	name := "settlement_" + randomID()
+	u, err := url.Parse(server)
+	if err != nil {
+		return "", nil, fmt.Errorf("CONTEND_POSTGRES_URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", name) // sent to the server as a run-time setting
+	u.RawQuery = q.Encode()
+	execute := func(ctx context.Context, stmt string) error {
+		db, err := sqlx.Open("pgx", server)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		_, err = db.ExecContext(ctx, stmt)
+		return err
+	}
+	if err := execute(ctx, "CREATE SCHEMA "+name); err != nil {
+		return "", nil, fmt.Errorf("create schema: %w", err)
+	}
+	return u.String(), func() error { return execute(context.WithoutCancel(ctx), "DROP SCHEMA "+name+" CASCADE") }, nil
+}
+
+// deleteKeys deletes the Redis keys under prefix.
+func deleteKeys(ctx context.Context, rdb *redis.Client, prefix string) error {
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if err := rdb.Del(ctx, iter.Val()).Err(); err != nil {
+			return err
+		}
+	}
+	return iter.Err()
 }
