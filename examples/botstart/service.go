@@ -99,7 +99,7 @@ func (s *Service) stop(w http.ResponseWriter, r *http.Request) error {
 	bot := r.PathValue("id")
 	st, err := s.status(r.Context(), bot)
 	if err != nil {
-		return err
+		return fmt.Errorf("stop: %w", err)
 	}
 	if st.EngineID == nil {
 		return refuse(http.StatusConflict, nil, "bot %s is not running", bot)
