@@ -50,6 +50,14 @@ type DBTX interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
+// DB is the database handle the SQL strategies take: a database/sql handle
+// (a [DBTX] such as [*sql.DB], [*sql.Conn] or [*sql.Tx], or sqlx's), or a pgx
+// handle wrapped by pgxdb.Wrap. It is an empty interface so that both kinds
+// pass without a conversion and without this package importing a driver;
+// constructors and functions that take one check it, and anything else,
+// a typed nil included, is an error matching [ErrInvalid].
+type DB interface{}
+
 type querierKey struct{}
 
 // WithQuerier returns a context that carries q as the querier fn must use.

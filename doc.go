@@ -59,6 +59,16 @@
 // context: fn calls [Querier] to get the guard's transaction, or its own db
 // outside one, so one fn body works under every guard.
 //
+// # Drivers
+//
+// The SQL strategies take a [DB]: a database/sql handle (lib/pq, pgx's
+// stdlib driver, sqlx), or a pgx handle (*pgxpool.Pool, *pgx.Conn, pgx.Tx)
+// wrapped by pgxdb.Wrap. Both run the same statements through one code
+// path. Under a pgx handle fn reaches the guard's pgx.Tx with
+// pgxdb.Querier, the twin of [Querier]. This module links no driver its
+// user did not import: only package pgxdb imports pgx, and no library
+// package imports lib/pq.
+//
 // # Nesting
 //
 // The SQL guards (atomic.Claimer, pessimistic.Locker and Advisory,
@@ -83,6 +93,10 @@
 // *sql.DB, *sql.Conn, sqlx's DB, or anything with BeginTx(ctx,
 // *sql.TxOptions) (*sql.Tx, error) is a pool on which the guard begins its
 // own transactions; a *sql.Tx or sqlx's Tx is a transaction the caller owns.
+// Wrapped pgx handles likewise: a *pgxpool.Pool or *pgx.Conn is a pool, a
+// pgx.Tx the caller's transaction. A guard
+// on one driver refuses to nest in another driver's transaction, with
+// [ErrInvalid]: it could not join it.
 // Anything else (a wrapper with only [DBTX]'s methods, which could be
 // either) is refused with [ErrInvalid] at construction, as are nil and typed
 // nil handles. Guards on different databases must not be nested: the inner

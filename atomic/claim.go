@@ -2,7 +2,6 @@ package atomic
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,17 +9,11 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/token"
 	"github.com/contend/contend/internal/txn"
 )
-
-// DB is what a [Claimer] needs of a database handle: [*sql.DB] and sqlx's DB
-// satisfy it. The claimer prepares its statements on it once, at construction.
-type DB interface {
-	contend.DBTX
-	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
-}
 
 // ClaimConfig names the table and columns a [Claimer] works on. Names are
 // validated and quoted at construction; keys and tokens are only ever bind
@@ -84,21 +77,27 @@ type Claimer struct {
 	lease  time.Duration // 0 without a lease column
 	finish time.Duration
 	onTx   bool // built on a transaction, where its statements are prepared
+	db     sqldb.DB
 
-	claim   *sql.Stmt // $1 key, $2 token [, $3 lease µs] → claimed, exists
-	release *sql.Stmt // $1 key, $2 token
-	extend  *sql.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
+	claim   sqldb.Stmt // $1 key, $2 token [, $3 lease µs] → claimed, exists
+	release sqldb.Stmt // $1 key, $2 token
+	extend  sqldb.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
 	holds   keepalive.Timers
 }
 
 var _ contend.Guard = (*Claimer)(nil)
 
-// NewClaimer validates cfg and prepares the claimer's statements on db. It
-// fails when a name is not a plain identifier or when the statements do not
-// prepare (no such table or column).
-func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
-	if txn.IsNil(db) {
-		return nil, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
+// NewClaimer validates cfg and prepares the claimer's statements on db: a
+// pool ([*sql.DB], sqlx's DB, a *pgxpool.Pool wrapped by pgxdb.Wrap), a
+// connection ([*sql.Conn], a wrapped *pgx.Conn) or a caller's transaction
+// ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx). It fails when db is none of
+// these, when a name is not a plain identifier, or when the statements do
+// not prepare (no such table or column; pgx prepares at first use, so there
+// the first claim says so).
+func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, error) {
+	d, err := sqldb.Open(db)
+	if err != nil {
+		return nil, fmt.Errorf("atomic: %w", err)
 	}
 	if cfg.KeyColumn == "" {
 		cfg.KeyColumn = "id"
@@ -137,8 +136,7 @@ func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
 	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s IS NULL`, table, owner, key, owner)
 	releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)
 	var extendSQL string
-	h, _ := txn.Classify(db)
-	c := &Claimer{finish: cfg.FinishTimeout, onTx: !h.Owned()}
+	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d}
 	if cfg.LeaseColumn != "" {
 		lease, err := sqlident.Quote("atomic: lease column", cfg.LeaseColumn)
 		if err != nil {
@@ -164,13 +162,13 @@ func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
 		claimSQL, table, key)
 
 	for _, p := range []struct {
-		dst   **sql.Stmt
+		dst   *sqldb.Stmt
 		query string
 	}{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}} {
 		if p.query == "" {
 			continue
 		}
-		if *p.dst, err = db.PrepareContext(ctx, p.query); err != nil {
+		if *p.dst, err = d.Prepare(ctx, p.query); err != nil {
 			c.Close()
 			return nil, fmt.Errorf("atomic: prepare claimer on %s: %w", cfg.Table, err)
 		}
@@ -181,7 +179,7 @@ func NewClaimer(ctx context.Context, db DB, cfg ClaimConfig) (*Claimer, error) {
 // Close releases the prepared statements. The Claimer must not be used after.
 func (c *Claimer) Close() error {
 	var errs []error
-	for _, s := range []*sql.Stmt{c.claim, c.release, c.extend} {
+	for _, s := range []sqldb.Stmt{c.claim, c.release, c.extend} {
 		if s != nil {
 			errs = append(errs, s.Close())
 		}
@@ -218,12 +216,12 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 	if c.lease > 0 {
 		args = append(args, c.lease.Microseconds())
 	}
-	claim, _, err := c.stmt(ctx, c.claim)
+	tx, err := c.tx(ctx)
 	if err != nil {
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	}
 	var claimed, exists bool
-	err = txn.Watch(ctx, func() error { return claim.QueryRowContext(ctx, args...).Scan(&claimed, &exists) })
+	err = txn.Watch(ctx, func() error { return c.claim.QueryRow(ctx, tx, args...).Scan(&claimed, &exists) })
 	switch {
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
@@ -289,7 +287,7 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 	if fn == nil {
 		return fmt.Errorf("atomic: do %q: nil fn: %w", key, contend.ErrInvalid)
 	}
-	outer, err := txn.Outer(ctx)
+	outer, err := c.db.Outer(ctx)
 	if err != nil {
 		return fmt.Errorf("atomic: do %q: %w", key, err)
 	}
@@ -378,39 +376,27 @@ func checkKey(op, key string) error {
 	return nil
 }
 
-// stmt returns s as it runs for ctx: in the transaction ctx carries (fn of
-// a SQL guard) when the claimer is on a pool, so that a claim inside a
-// guard's fn never waits for a row lock its own goroutine holds; else as
-// prepared. inTx reports whether it runs in a transaction.
-func (c *Claimer) stmt(ctx context.Context, s *sql.Stmt) (_ *sql.Stmt, inTx bool, err error) {
+// tx returns the transaction the claimer's statements run in for ctx: the
+// one ctx carries (fn of a SQL guard) when the claimer is on a pool, so
+// that a claim inside a guard's fn never waits for a row lock its own
+// goroutine holds; nil when they run where they were prepared (the pool, or
+// the transaction the claimer was built on).
+func (c *Claimer) tx(ctx context.Context) (sqldb.Tx, error) {
 	if c.onTx {
-		return s, true, nil
+		return nil, nil
 	}
-	outer, err := txn.Outer(ctx)
-	if err != nil || outer == nil {
-		return s, false, err
-	}
-	tx, ok := outer.(interface {
-		StmtContext(ctx context.Context, s *sql.Stmt) *sql.Stmt
-	})
-	if !ok {
-		return nil, false, fmt.Errorf("the transaction ctx carries is a %T, which cannot run prepared statements: %w", outer, contend.ErrInvalid)
-	}
-	return tx.StmtContext(ctx, s), true, nil
+	return c.db.Outer(ctx)
 }
 
-func (c *Claimer) applied(ctx context.Context, s *sql.Stmt, args ...any) (bool, error) {
-	stmt, _, err := c.stmt(ctx, s)
+func (c *Claimer) applied(ctx context.Context, s sqldb.Stmt, args ...any) (bool, error) {
+	tx, err := c.tx(ctx)
 	if err != nil {
 		return false, err
 	}
 	var n int64
 	err = txn.Watch(ctx, func() error {
-		res, err := stmt.ExecContext(ctx, args...)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
+		var err error
+		n, err = s.Exec(ctx, tx, args...)
 		return err
 	})
 	if err != nil {

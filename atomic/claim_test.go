@@ -32,7 +32,7 @@ var (
 	leased = atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: 300 * time.Millisecond}
 )
 
-func claimer(t testing.TB, db *sqlx.DB, cfg atomic.ClaimConfig) *atomic.Claimer {
+func claimer(t testing.TB, db contend.DB, cfg atomic.ClaimConfig) *atomic.Claimer {
 	t.Helper()
 	c, err := atomic.NewClaimer(t.Context(), db, cfg)
 	require.NoError(t, err)
@@ -48,7 +48,7 @@ func ownerOf(t testing.TB, db *sqlx.DB, id string) *string {
 }
 
 func TestClaimerIsAGuard(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		// The lease is long enough that a loaded machine's slow extension does
 		// not count as a lost claim; TestDoExtendsTheLease covers short ones.
 		long := leased
@@ -59,7 +59,7 @@ func TestClaimerIsAGuard(t *testing.T) {
 					Driver: driver,
 					Setup:  func(t testing.TB, env guardtest.Env, keys []string) { bots(t, env.DB, keys...) },
 					New: func(t testing.TB, env guardtest.Env) contend.Guard {
-						c, err := atomic.NewClaimer(t.Context(), env.DB, cfg)
+						c, err := atomic.NewClaimer(t.Context(), env.Handle, cfg)
 						require.NoError(t, err)
 						return c
 					},

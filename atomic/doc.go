@@ -35,6 +35,7 @@
 // only once the server answers, or the kernel gives up on a silent
 // connection).
 //
-// Statements use PostgreSQL's $n placeholders and work with both lib/pq and
-// pgx's stdlib driver.
+// Statements use PostgreSQL's $n placeholders and work with lib/pq, pgx's
+// stdlib driver, and pgx's native pool, connection or transaction wrapped by
+// pgxdb.Wrap, through one code path.
 package atomic

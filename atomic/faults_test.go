@@ -5,17 +5,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
+	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/txn/txntest"
 )
 
 // Update is one statement: the fault strikes just before it.
 func TestUpdateUnderFaults(t *testing.T) {
-	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, _ time.Duration) txntest.Op {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, _ time.Duration) txntest.Op {
 		return func(ctx context.Context, key string, fn txntest.Fn) error {
 			if err := fn(ctx, nil); err != nil {
 				return err
@@ -33,14 +33,14 @@ func TestUpdateUnderFaults(t *testing.T) {
 // claim and its release.
 func TestClaimerUnderFaults(t *testing.T) {
 	const lease = time.Second
-	txntest.Run(t, txntest.Subject{Lease: lease, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+	txntest.Run(t, txntest.Subject{Lease: lease, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		c, err := atomic.NewClaimer(t.Context(), db, atomic.ClaimConfig{
 			Table: txntest.Table, OwnerColumn: "owner", LeaseColumn: "lease", Lease: lease, FinishTimeout: finish,
 		})
 		require.NoError(t, err)
 		t.Cleanup(func() { c.Close() })
 		return func(ctx context.Context, key string, fn txntest.Fn) error {
-			return c.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, contend.Querier(ctx, db)) })
+			return c.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, testserver.Querier(ctx, db)) })
 		}
 	}})
 }

@@ -19,14 +19,16 @@ import (
 // the row lock its own goroutine holds, invisible to the server's deadlock
 // detector, until ctx ends.
 func TestClaimInsideARowLockJoinsItsTransaction(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			bots(t, db, "b")
-			l, err := pessimistic.New(db, pessimistic.Config{Table: "bots"})
+			l, err := pessimistic.New(h, pessimistic.Config{Table: "bots"})
 			require.NoError(t, err)
-			c := claimer(t, db, leased)
+			c := claimer(t, h, leased)
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 			defer cancel()
 

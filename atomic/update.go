@@ -2,11 +2,10 @@ package atomic
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/txn"
 )
 
@@ -18,26 +17,26 @@ import (
 //		`UPDATE products SET stock = stock - $2 WHERE id = $1 AND stock >= $2`, id, n)
 //
 // applied == false with a nil error is the lost race ("sold out", "already
-// running"), not a failure. db is anything with ExecContext: a pool or a
-// transaction, of database/sql or sqlx.
-func Update(ctx context.Context, db contend.DBTX, query string, args ...any) (applied bool, err error) {
+// running"), not a failure. db is a pool, a connection or a transaction: of
+// database/sql or sqlx (anything with ExecContext), or of pgx wrapped by
+// pgxdb.Wrap. Inside a guard's fn, pass [contend.Querier](ctx, db) (or
+// pgxdb.Querier) to run in the guard's transaction.
+func Update(ctx context.Context, db contend.DB, query string, args ...any) (applied bool, err error) {
 	return UpdateN(ctx, db, 1, query, args...)
 }
 
 // UpdateN is [Update] for a statement that must affect exactly n rows, such as
 // "reserve these n seats". When it affects another number of rows it has still
 // run: call it inside a transaction and roll back when applied is false.
-func UpdateN(ctx context.Context, db contend.DBTX, n int64, query string, args ...any) (applied bool, err error) {
-	if txn.IsNil(db) {
-		return false, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
+func UpdateN(ctx context.Context, db contend.DB, n int64, query string, args ...any) (applied bool, err error) {
+	q, err := sqldb.Statements(db)
+	if err != nil {
+		return false, fmt.Errorf("atomic: %w", err)
 	}
 	var got int64
 	err = txn.Watch(ctx, func() error {
-		res, err := db.ExecContext(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		got, err = res.RowsAffected()
+		var err error
+		got, err = q.Exec(ctx, query, args...)
 		return err
 	})
 	if err != nil {
@@ -56,12 +55,13 @@ func UpdateN(ctx context.Context, db contend.DBTX, n int64, query string, args .
 //
 // The statement must affect at most one row; with more, the first returned row
 // is scanned and the others are discarded.
-func UpdateReturning(ctx context.Context, db contend.DBTX, dest []any, query string, args ...any) (applied bool, err error) {
-	if txn.IsNil(db) {
-		return false, fmt.Errorf("atomic: nil db: %w", contend.ErrInvalid)
+func UpdateReturning(ctx context.Context, db contend.DB, dest []any, query string, args ...any) (applied bool, err error) {
+	q, err := sqldb.Statements(db)
+	if err != nil {
+		return false, fmt.Errorf("atomic: %w", err)
 	}
-	err = db.QueryRowContext(ctx, query, args...).Scan(dest...)
-	if errors.Is(err, sql.ErrNoRows) {
+	err = q.QueryRow(ctx, query, args...).Scan(dest...)
+	if sqldb.NoRows(err) {
 		return false, nil
 	}
 	return err == nil, err

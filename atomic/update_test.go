@@ -20,22 +20,24 @@ func TestMain(m *testing.M) { testserver.Main(m) }
 const decrement = `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`
 
 func TestUpdate(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			workload.Products(t, db, 1, "p")
 			ctx := t.Context()
 
-			applied, err := atomic.Update(ctx, db, decrement, "p")
+			applied, err := atomic.Update(ctx, h, decrement, "p")
 			require.NoError(t, err)
 			require.True(t, applied)
-			applied, err = atomic.Update(ctx, db, decrement, "p")
+			applied, err = atomic.Update(ctx, h, decrement, "p")
 			require.NoError(t, err)
 			require.False(t, applied, "sold out is a lost race, not an error")
 			require.EqualValues(t, 0, workload.Stock(t, db, "p"))
 
-			_, err = atomic.Update(ctx, db, `UPDATE nosuchtable SET x = 1`)
+			_, err = atomic.Update(ctx, h, `UPDATE nosuchtable SET x = 1`)
 			require.Error(t, err, "backend errors are returned, not taken for a lost race")
 		})
 	}
@@ -87,22 +89,24 @@ func TestUpdateN(t *testing.T) {
 }
 
 func TestUpdateReturning(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			workload.Products(t, db, 2, "p")
 			ctx := t.Context()
 			q := decrement + ` RETURNING stock`
 			left := -1
-			applied, err := atomic.UpdateReturning(ctx, db, []any{&left}, q, "p")
+			applied, err := atomic.UpdateReturning(ctx, h, []any{&left}, q, "p")
 			require.NoError(t, err)
 			require.True(t, applied)
 			require.Equal(t, 1, left)
-			_, err = atomic.UpdateReturning(ctx, db, []any{&left}, q, "p")
+			_, err = atomic.UpdateReturning(ctx, h, []any{&left}, q, "p")
 			require.NoError(t, err)
 			left = -1
-			applied, err = atomic.UpdateReturning(ctx, db, []any{&left}, q, "p")
+			applied, err = atomic.UpdateReturning(ctx, h, []any{&left}, q, "p")
 			require.NoError(t, err)
 			require.False(t, applied)
 			require.Equal(t, -1, left, "dest is untouched when nothing applied")
@@ -121,7 +125,7 @@ func TestUpdateRefusesNilDB(t *testing.T) {
 // 64 goroutines in each of 3 processes decrement one hot row of stock 1000:
 // exactly 1000 succeed, and the stock ends at 0, never below.
 func TestUpdateUnderContention(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			const stock = 1000
 			var db *sqlx.DB
@@ -138,9 +142,9 @@ func TestUpdateUnderContention(t *testing.T) {
 					return harness.Params{"url": url}
 				},
 				func(t testing.TB, p harness.Params) harness.Op {
-					db := testserver.Open(t, driver, p["url"])
+					h := testserver.Handle(t, driver, p["url"])
 					return func(ctx context.Context, key string) error {
-						applied, err := atomic.Update(ctx, db, decrement, key)
+						applied, err := atomic.Update(ctx, h, decrement, key)
 						if err == nil && !applied {
 							err = fmt.Errorf("sold out: %w", contend.ErrConflict)
 						}

@@ -2,12 +2,12 @@ package optimistic
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/txn"
 )
@@ -96,10 +96,10 @@ var errMoved = errors.New("optimistic: version moved")
 // affects no row: the row has another version now (a lost race) or it no
 // longer exists. It runs only after the race is lost, so winners never pay
 // for it.
-func conflictOrGone(ctx context.Context, q contend.DBTX, probeSQL, op string, key any, version int64) error {
+func conflictOrGone(ctx context.Context, q sqldb.Querier, probeSQL, op string, key any, version int64) error {
 	var now int64
 	switch err := scanRow(ctx, q, probeSQL, []any{key}, &now); {
-	case errors.Is(err, sql.ErrNoRows):
+	case sqldb.NoRows(err):
 		return fmt.Errorf("optimistic: %s %v: %w", op, key, contend.ErrNotFound)
 	case err != nil:
 		return fmt.Errorf("optimistic: %s %v: version %d is stale, and reading the current one failed: %w",
@@ -122,22 +122,19 @@ func checkKey(op string, key any) error {
 // scanRow runs a query that returns at most one row and scans it into dest,
 // which must not be read when it fails: the statement may be left to finish
 // on its own (see txn.Watch).
-func scanRow(ctx context.Context, q contend.DBTX, query string, args []any, dest ...any) error {
+func scanRow(ctx context.Context, q sqldb.Querier, query string, args []any, dest ...any) error {
 	return preferCtx(ctx, txn.Watch(ctx, func() error {
-		return q.QueryRowContext(ctx, query, args...).Scan(dest...)
+		return q.QueryRow(ctx, query, args...).Scan(dest...)
 	}))
 }
 
 // execApplied runs a statement and reports whether it affected exactly one
 // row.
-func execApplied(ctx context.Context, q contend.DBTX, query string, args ...any) (bool, error) {
+func execApplied(ctx context.Context, q sqldb.Querier, query string, args ...any) (bool, error) {
 	var n int64
 	err := txn.Watch(ctx, func() error {
-		res, err := q.ExecContext(ctx, query, args...)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
+		var err error
+		n, err = q.Exec(ctx, query, args...)
 		return err
 	})
 	if err != nil {
@@ -153,7 +150,7 @@ func execApplied(ctx context.Context, q contend.DBTX, query string, args ...any)
 // transaction), and a transaction that database/sql rolled back on ctx's end
 // says sql.ErrTxDone. Callers match ctx's error, whichever it was.
 func preferCtx(ctx context.Context, err error) error {
-	if err == nil || errors.Is(err, sql.ErrNoRows) {
+	if err == nil || sqldb.NoRows(err) {
 		return err
 	}
 	if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {

@@ -28,6 +28,15 @@ func workerDB(t testing.TB, driver, url string) *sqlx.DB {
 	return db
 }
 
+// workerHandle is what a worker builds its subject on: workerDB, or under
+// pgx-native a pgx pool (of testserver.MaxConns connections).
+func workerHandle(t testing.TB, driver, url string) contend.DB {
+	if driver == testserver.PgxNative {
+		return testserver.Handle(t, driver, url)
+	}
+	return workerDB(t, driver, url)
+}
+
 type counter struct {
 	ID      string `db:"id"`
 	N       int64  `db:"n"`
@@ -60,8 +69,7 @@ func increments(t *testing.T, driver string, cfg harness.Config, retry contend.R
 			return harness.Params{"url": url}
 		},
 		func(t testing.TB, p harness.Params) harness.Op {
-			db := workerDB(t, driver, p["url"])
-			s, err := optimistic.NewStore[counter](db, optimistic.Config{Table: "counters", Retry: retry})
+			s, err := optimistic.NewStore[counter](workerHandle(t, driver, p["url"]), optimistic.Config{Table: "counters", Retry: retry})
 			require.NoError(t, err)
 			return func(ctx context.Context, key string) error {
 				_, err := s.Update(ctx, key, func(c *counter) error { c.N++; return nil })
@@ -95,11 +103,15 @@ func TestUpdateCounterUnderContention(t *testing.T) {
 // same load, and still no update is lost: every success is counted, no
 // conflict is.
 func TestSmallRetryBudgetConflicts(t *testing.T) {
-	res, c := increments(t, "pgx", harness.Config{Processes: 3, Goroutines: 64, Ops: 8}, contend.Retry{MaxAttempts: 2})
-	require.Zero(t, res.Errors, "%v", res.FirstErrors)
-	require.Positive(t, res.Conflicts, "a budget of 2 attempts runs out on a hot row")
-	require.Positive(t, res.Successes)
-	require.EqualValues(t, res.Successes, c.N, "lost updates")
+	for _, driver := range []string{"pgx", testserver.PgxNative} {
+		t.Run(driver, func(t *testing.T) {
+			res, c := increments(t, driver, harness.Config{Processes: 3, Goroutines: 64, Ops: 8}, contend.Retry{MaxAttempts: 2})
+			require.Zero(t, res.Errors, "%v", res.FirstErrors)
+			require.Positive(t, res.Conflicts, "a budget of 2 attempts runs out on a hot row")
+			require.Positive(t, res.Successes)
+			require.EqualValues(t, res.Successes, c.N, "lost updates")
+		})
+	}
 }
 
 var errInsufficient = errors.New("insufficient funds")
@@ -159,29 +171,33 @@ func TestBalanceNeverNegative(t *testing.T) {
 // read+1, without the version check, under the same load, loses updates. If it
 // did not, the tests above could not fail.
 func TestNaiveReadModifyWriteLosesUpdates(t *testing.T) {
-	driver := "pgx"
-	var db *sqlx.DB
-	res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 64, Ops: 8},
-		func() harness.Params {
-			url := testserver.Postgres(t)
-			db = testserver.Open(t, driver, url)
-			counters(t, db)
-			return harness.Params{"url": url}
-		},
-		func(t testing.TB, p harness.Params) harness.Op {
-			db := workerDB(t, driver, p["url"])
-			return func(ctx context.Context, key string) error {
-				var n int64
-				if err := db.QueryRowContext(ctx, `SELECT n FROM counters WHERE id = $1`, key).Scan(&n); err != nil {
-					return err
-				}
-				_, err := db.ExecContext(ctx, `UPDATE counters SET n = $2 WHERE id = $1`, key, n+1)
-				return err
-			}
+	for _, driver := range []string{"pgx", testserver.PgxNative} {
+		t.Run(driver, func(t *testing.T) {
+			var db *sqlx.DB
+			res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 64, Ops: 8},
+				func() harness.Params {
+					url := testserver.Postgres(t)
+					db = testserver.Open(t, driver, url)
+					counters(t, db)
+					return harness.Params{"url": url}
+				},
+				func(t testing.TB, p harness.Params) harness.Op {
+					h := workerHandle(t, driver, p["url"])
+					return func(ctx context.Context, key string) error {
+						q := testserver.Querier(ctx, h)
+						var n int64
+						if err := q.QueryRow(ctx, `SELECT n FROM counters WHERE id = $1`, key).Scan(&n); err != nil {
+							return err
+						}
+						_, err := q.Exec(ctx, `UPDATE counters SET n = $2 WHERE id = $1`, key, n+1)
+						return err
+					}
+				})
+			c := counted(t, db)
+			t.Logf("successes %d, counter %d: %d updates lost", res.Successes, c.N, int64(res.Successes)-c.N)
+			require.Zero(t, res.Errors, "%v", res.FirstErrors)
+			require.Equal(t, 3*64*8, res.Successes)
+			require.Less(t, c.N, int64(res.Successes), "the unchecked read-modify-write lost no update: the load is too weak to show anything")
 		})
-	c := counted(t, db)
-	t.Logf("successes %d, counter %d: %d updates lost", res.Successes, c.N, int64(res.Successes)-c.N)
-	require.Zero(t, res.Errors, "%v", res.FirstErrors)
-	require.Equal(t, 3*64*8, res.Successes)
-	require.Less(t, c.N, int64(res.Successes), "the unchecked read-modify-write lost no update: the load is too weak to show anything")
+	}
 }

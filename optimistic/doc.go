@@ -81,7 +81,9 @@
 // (touch each row it depended on, or use a REPEATABLE READ transaction).
 //
 // Statements use PostgreSQL's $n placeholders and ON CONFLICT, and work with
-// both lib/pq and pgx's stdlib driver. They are sent as text, not prepared:
+// lib/pq, pgx's stdlib driver, and pgx's native pool, connection or
+// transaction wrapped by pgxdb.Wrap, through one code path; under pgx, fn
+// reaches the guard's pgx.Tx with pgxdb.Querier. They are sent as text, not prepared:
 // pgx caches their preparation per connection by itself, while lib/pq spends
 // a round trip preparing each one unless binary_parameters=yes is set.
 package optimistic

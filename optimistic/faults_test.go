@@ -5,20 +5,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/txn/txntest"
 	"github.com/contend/contend/optimistic"
 )
 
 func TestGuardUnderFaults(t *testing.T) {
-	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		g, err := optimistic.NewGuard(db, optimistic.Config{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
 		return func(ctx context.Context, key string, fn txntest.Fn) error {
-			return g.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, contend.Querier(ctx, db)) })
+			return g.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, testserver.Querier(ctx, db)) })
 		}
 	}})
 }
@@ -35,7 +35,7 @@ type item struct {
 // A Store writes with one version-checked UPDATE, outside any transaction:
 // the fault strikes between its read and that write.
 func TestStoreUnderFaults(t *testing.T) {
-	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, _ time.Duration) txntest.Op {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, _ time.Duration) txntest.Op {
 		s, err := optimistic.NewStore[item](db, optimistic.Config{Table: txntest.Table})
 		require.NoError(t, err)
 		return func(ctx context.Context, key string, fn txntest.Fn) error {

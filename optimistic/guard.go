@@ -2,11 +2,11 @@ package optimistic
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/txn"
 )
 
@@ -37,7 +37,7 @@ import (
 // A Guard is safe for simultaneous use by multiple goroutines. It never
 // closes the db it was given.
 type Guard struct {
-	db      contend.DBTX
+	db      sqldb.DB
 	opts    txn.Options
 	observe func(key any, attempts int, err error)
 
@@ -48,9 +48,10 @@ type Guard struct {
 var _ contend.Guard = (*Guard)(nil)
 
 // NewGuard validates cfg and builds the guard's statements. db is a pool (a
-// [*sql.DB], [*sql.Conn], sqlx's DB, or anything with BeginTx(ctx,
-// *sql.TxOptions) (*sql.Tx, error)), on which Do begins a transaction per
-// attempt, or a transaction the caller owns ([*sql.Tx], sqlx's Tx), in which
+// [*sql.DB], [*sql.Conn], sqlx's DB, anything with BeginTx(ctx,
+// *sql.TxOptions) (*sql.Tx, error), or a *pgxpool.Pool or *pgx.Conn wrapped
+// by pgxdb.Wrap), on which Do begins a transaction per attempt, or a
+// transaction the caller owns ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx), in which
 // Do runs fn once and leaves retrying to the owner. It fails with an error
 // matching [contend.ErrInvalid] when db is nil or of another kind (a wrapper
 // with only [contend.DBTX]'s methods could be either), or when a name is not
@@ -58,8 +59,9 @@ var _ contend.Guard = (*Guard)(nil)
 //
 // On a pool, a Do whose ctx carries a transaction (fn of another SQL guard)
 // joins it, as on a transaction the caller owns.
-func NewGuard(db contend.DBTX, cfg Config) (*Guard, error) {
-	if err := txn.Check(db); err != nil {
+func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
+	d, err := sqldb.Open(db)
+	if err != nil {
 		return nil, fmt.Errorf("optimistic: %w", err)
 	}
 	if cfg.FinishTimeout < 0 {
@@ -70,7 +72,7 @@ func NewGuard(db contend.DBTX, cfg Config) (*Guard, error) {
 		return nil, err
 	}
 	return &Guard{
-		db:      db,
+		db:      d,
 		opts:    txn.Options{Retry: cfg.Retry, Retryable: isMoved, FinishTimeout: cfg.FinishTimeout},
 		observe: cfg.Observe,
 		readSQL: fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key),
@@ -96,10 +98,10 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	if fn == nil {
 		return fmt.Errorf("optimistic: do %q: nil fn: %w", key, contend.ErrInvalid)
 	}
-	attempts, err := txn.Run(ctx, g.db, g.opts, func(ctx context.Context, tx contend.DBTX) error {
+	attempts, err := txn.RunTx(ctx, g.db, g.opts, func(ctx context.Context, tx sqldb.Tx) error {
 		var version int64
 		switch err := scanRow(ctx, tx, g.readSQL, []any{key}, &version); {
-		case errors.Is(err, sql.ErrNoRows):
+		case sqldb.NoRows(err):
 			return fmt.Errorf("optimistic: do %q: %w", key, contend.ErrNotFound)
 		case err != nil:
 			return fmt.Errorf("optimistic: do %q: read version: %w", key, err)
@@ -141,7 +143,7 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 		// been deleted while fn ran; that is not a lost race. Inside a
 		// transaction someone else owns, the probe runs there: on the pool
 		// it could wait for a row that transaction holds.
-		q := g.db
+		var q sqldb.Querier = g.db
 		if h, herr := txn.Resolve(ctx, g.db); herr == nil && !h.Owned() {
 			q = h.Tx
 		}
@@ -153,10 +155,10 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	return err
 }
 
-func (g *Guard) conflictOrGone(ctx context.Context, q contend.DBTX, key string, attempts int) error {
+func (g *Guard) conflictOrGone(ctx context.Context, q sqldb.Querier, key string, attempts int) error {
 	var version int64
 	switch err := scanRow(ctx, q, g.readSQL, []any{key}, &version); {
-	case errors.Is(err, sql.ErrNoRows):
+	case sqldb.NoRows(err):
 		return fmt.Errorf("optimistic: do %q: %w", key, contend.ErrNotFound)
 	case err != nil:
 		return fmt.Errorf("optimistic: do %q: version moved on each of %d attempts, and reading it failed: %w",

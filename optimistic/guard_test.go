@@ -32,7 +32,7 @@ func guardSuite(driver string) guardtest.Suite {
 			require.NoError(t, err)
 		},
 		New: func(t testing.TB, env guardtest.Env) contend.Guard {
-			g, err := optimistic.NewGuard(env.DB, optimistic.Config{Table: "guardtest_counters", KeyColumn: "key", Retry: bigBudget})
+			g, err := optimistic.NewGuard(env.Handle, optimistic.Config{Table: "guardtest_counters", KeyColumn: "key", Retry: bigBudget})
 			require.NoError(t, err)
 			return g
 		},
@@ -47,12 +47,16 @@ func guardSuite(driver string) guardtest.Suite {
 // update from goroutines and from three processes (every fn overlaps others
 // there, so most attempts lose: half the suite's operations keep it short), a
 // second caller runs while the first is inside and the first runs again, fn's
-// error, ctx and panics. lib/pq here; pgx across processes in
+// error, ctx and panics. lib/pq and pgx native here; pgx's stdlib across processes in
 // TestUpdateCounterUnderContention, and from goroutines below.
 func TestGuardIsAGuard(t *testing.T) {
-	s := guardSuite("postgres")
-	s.Ops = 12
-	guardtest.Run(t, s)
+	for _, driver := range []string{"postgres", testserver.PgxNative} {
+		t.Run(driver, func(t *testing.T) {
+			s := guardSuite(driver)
+			s.Ops = 12
+			guardtest.Run(t, s)
+		})
+	}
 }
 
 func TestGuardNoLostUpdatePgx(t *testing.T) {

@@ -43,7 +43,7 @@ var (
 // mapperFor returns the mapper sqlx uses for db: its own when db is an sqlx
 // handle (so a customised db.Mapper is honoured), else sqlx's default, `db`
 // tags with lower-cased field names as the fallback.
-func mapperFor(db contend.DBTX) *reflectx.Mapper {
+func mapperFor(db contend.DB) *reflectx.Mapper {
 	switch d := db.(type) {
 	case *sqlx.DB:
 		if d.Mapper != nil {

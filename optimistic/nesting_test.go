@@ -19,19 +19,25 @@ import (
 // wait for the row lock its own goroutine holds: two connections waiting on
 // each other, which the server cannot see as a deadlock, until ctx ends.
 func TestGuardInsideARowLockJoinsItsTransaction(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			accounts(t, db, "a")
-			l, err := pessimistic.New(db, pessimistic.Config{Table: "accounts"})
+			l, err := pessimistic.New(h, pessimistic.Config{Table: "accounts"})
 			require.NoError(t, err)
-			g := guard(t, db, accountsConfig)
+			g, err := optimistic.NewGuard(h, accountsConfig)
+			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 			defer cancel()
 
 			err = l.Do(ctx, "a", func(ctx context.Context) error {
-				return g.Do(ctx, "a", withdraw(db, "a", 10))
+				return g.Do(ctx, "a", func(ctx context.Context) error {
+					_, err := testserver.Querier(ctx, h).Exec(ctx, `UPDATE accounts SET balance = balance - 10 WHERE id = 'a'`)
+					return err
+				})
 			})
 			require.NoError(t, err)
 			require.Equal(t, account{ID: "a", Owner: "ann", Balance: 90, Version: 1}, rowOf(t, db, "a"))

@@ -2,13 +2,13 @@ package optimistic
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"reflect"
 	"strings"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/txn"
 )
 
@@ -40,14 +40,14 @@ import (
 // can be written again without conflicting with itself. Version 0 is an
 // ordinary version: it is checked like any other.
 //
-// Every method runs its statements on [contend.Querier](ctx, db): inside a
-// guard's transaction (or a context made with [contend.WithQuerier]) they join
-// that transaction and commit or roll back with it.
+// Every method runs its statements in the transaction ctx carries, when it
+// carries one (a guard's fn, or a context made with [contend.WithQuerier] or
+// pgxdb.WithQuerier), and commits or rolls back with it; else on db.
 //
 // A Store is safe for simultaneous use by multiple goroutines. It never closes
 // the db it was given.
 type Store[T any] struct {
-	db      contend.DBTX
+	db      sqldb.DB
 	m       *mapping
 	retry   contend.Retry
 	observe func(key any, attempts int, err error)
@@ -66,8 +66,9 @@ type Store[T any] struct {
 // field is not an integer, or a name is not a plain identifier. It sends
 // nothing to the database: a table or column that does not exist shows at the
 // first call.
-func NewStore[T any](db contend.DBTX, cfg Config) (*Store[T], error) {
-	if err := txn.Check(db); err != nil {
+func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
+	d, err := sqldb.Open(db)
+	if err != nil {
 		return nil, fmt.Errorf("optimistic: %w", err)
 	}
 	n, err := cfg.names()
@@ -85,7 +86,7 @@ func NewStore[T any](db contend.DBTX, cfg Config) (*Store[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store[T]{db: db, m: m, retry: cfg.Retry, observe: cfg.Observe}
+	s := &Store[T]{db: d, m: m, retry: cfg.Retry, observe: cfg.Observe}
 
 	all := make([]string, len(m.cols))
 	params := make([]string, len(m.cols))
@@ -126,15 +127,32 @@ func (s *Store[T]) Get(ctx context.Context, key any) (T, error) {
 	if err := checkKey("get", key); err != nil {
 		return v, err
 	}
-	if err := s.get(ctx, contend.Querier(ctx, s.db), key, &v); err != nil {
+	q, err := s.querier(ctx)
+	if err == nil {
+		err = s.get(ctx, q, key, &v)
+	}
+	if err != nil {
 		return v, fmt.Errorf("optimistic: get %v: %w", key, err)
 	}
 	return v, nil
 }
 
-func (s *Store[T]) get(ctx context.Context, q contend.DBTX, key any, v *T) error {
+// querier returns where a statement outside Update's retries runs: in the
+// transaction ctx carries, or on db.
+func (s *Store[T]) querier(ctx context.Context) (sqldb.Querier, error) {
+	h, err := txn.Resolve(ctx, s.db)
+	if err != nil {
+		return nil, err
+	}
+	if !h.Owned() {
+		return h.Tx, nil
+	}
+	return s.db, nil
+}
+
+func (s *Store[T]) get(ctx context.Context, q sqldb.Querier, key any, v *T) error {
 	err := scanRow(ctx, q, s.selectSQL, []any{key}, s.m.dests(reflect.ValueOf(v).Elem())...)
-	if errors.Is(err, sql.ErrNoRows) {
+	if sqldb.NoRows(err) {
 		return contend.ErrNotFound
 	}
 	return err
@@ -149,7 +167,11 @@ func (s *Store[T]) Insert(ctx context.Context, v *T) error {
 	if err != nil {
 		return err
 	}
-	applied, err := execApplied(ctx, contend.Querier(ctx, s.db), s.insertSQL, s.m.values(rv)...)
+	q, err := s.querier(ctx)
+	if err != nil {
+		return fmt.Errorf("optimistic: insert %v: %w", key, err)
+	}
+	applied, err := execApplied(ctx, q, s.insertSQL, s.m.values(rv)...)
 	if err != nil {
 		return fmt.Errorf("optimistic: insert %v: %w", key, err)
 	}
@@ -190,7 +212,8 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 	if err != nil {
 		return out, fmt.Errorf("optimistic: update %v: %w", key, err)
 	}
-	q, retry := s.db, s.retry
+	var q sqldb.Querier
+	retry := s.retry
 	if !h.Owned() {
 		// Inside a transaction someone else owns a retry cannot succeed
 		// where the owner's would not (under REPEATABLE READ it reads the
@@ -201,24 +224,24 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 	var version int64 // of the last attempt's read
 	attempts, err := retry.Do(ctx, func(ctx context.Context) (err error) {
 		q := q
-		if p, ok := q.(pool); ok {
+		if q == nil {
 			// One connection for the read and the write: taking one from a
 			// busy pool for each would leave the row unwatched while the
 			// write waits for a connection, and every writer that commits
 			// in that wait turns this attempt into a loss. On a hot row with
 			// a busy pool that cut the attempts per success several-fold.
-			c, cerr := p.Conn(ctx)
+			c, cerr := s.db.Acquire(ctx)
 			if cerr != nil {
 				return preferCtx(ctx, cerr)
 			}
 			defer func() {
 				if errors.Is(err, txn.ErrNoAnswer) {
-					// A statement still waits on c, and Close would wait
-					// for it: the pool gets c back when it returns.
-					go c.Close()
+					// A statement still waits on c, and giving it back
+					// would wait for it: the pool gets c once it returns.
+					go c.Release()
 					return
 				}
-				c.Close()
+				c.Release()
 			}()
 			q = c
 		}
@@ -247,16 +270,15 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		out = v
 		return nil
 	}, isMoved)
-	err = s.updateErr(ctx, q, key, version, err)
+	var probe sqldb.Querier = s.db
+	if q != nil {
+		probe = q
+	}
+	err = s.updateErr(ctx, probe, key, version, err)
 	if s.observe != nil {
 		s.observe(key, attempts, err)
 	}
 	return out, err
-}
-
-// pool is a handle that hands out single connections: [*sql.DB], sqlx's DB.
-type pool interface {
-	Conn(ctx context.Context) (*sql.Conn, error)
 }
 
 // fnError carries fn's error through the retry loop, marking it as fn's so
@@ -267,7 +289,7 @@ func (e fnError) Error() string { return e.err.Error() }
 
 func isMoved(err error) bool { return errors.Is(err, errMoved) }
 
-func (s *Store[T]) updateErr(ctx context.Context, q contend.DBTX, key any, version int64, err error) error {
+func (s *Store[T]) updateErr(ctx context.Context, q sqldb.Querier, key any, version int64, err error) error {
 	var fe fnError
 	switch {
 	case err == nil:
@@ -332,7 +354,10 @@ func (s *Store[T]) compareAndSet(ctx context.Context, op string, v *T,
 		return err
 	}
 	version := s.m.versionOf(rv)
-	q := contend.Querier(ctx, s.db)
+	q, err := s.querier(ctx)
+	if err != nil {
+		return fmt.Errorf("optimistic: %s %v: %w", op, key, err)
+	}
 	query, args := stmt(rv, key, version)
 	applied, err := execApplied(ctx, q, query, args...)
 	if err != nil {

@@ -42,7 +42,7 @@ func accounts(t testing.TB, db *sqlx.DB, ids ...string) {
 
 var accountsConfig = optimistic.Config{Table: "accounts"}
 
-func accountStore(t testing.TB, db contend.DBTX, cfg optimistic.Config) *optimistic.Store[account] {
+func accountStore(t testing.TB, db contend.DB, cfg optimistic.Config) *optimistic.Store[account] {
 	t.Helper()
 	s, err := optimistic.NewStore[account](db, cfg)
 	require.NoError(t, err)
@@ -75,12 +75,14 @@ func (o *observed) last() int {
 }
 
 func TestGetInsert(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			accounts(t, db, "a")
-			s := accountStore(t, db, accountsConfig)
+			s := accountStore(t, h, accountsConfig)
 			ctx := t.Context()
 
 			got, err := s.Get(ctx, "a")
@@ -106,13 +108,15 @@ func TestGetInsert(t *testing.T) {
 }
 
 func TestUpdate(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			accounts(t, db, "a")
 			var obs observed
-			s := accountStore(t, db, optimistic.Config{Table: "accounts", Observe: obs.observe})
+			s := accountStore(t, h, optimistic.Config{Table: "accounts", Observe: obs.observe})
 			ctx := t.Context()
 
 			got, err := s.Update(ctx, "a", func(a *account) error {

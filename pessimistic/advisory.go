@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 )
 
 // AdvisoryConfig says how an [Advisory] locks.
@@ -67,7 +68,7 @@ var _ contend.Guard = (*Advisory)(nil)
 
 // NewAdvisory validates cfg and returns an advisory guard on db, which is a
 // pool or a caller's transaction, as for [New].
-func NewAdvisory(db contend.DBTX, cfg AdvisoryConfig) (*Advisory, error) {
+func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
 	if cfg.Mode != Wait && cfg.Mode != NoWait {
 		return nil, fmt.Errorf("pessimistic: advisory locks take mode wait or NOWAIT, not %v: %w", cfg.Mode, contend.ErrInvalid)
 	}
@@ -94,13 +95,13 @@ func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Con
 		return fmt.Errorf("pessimistic: advisory lock %q: nil fn: %w", key, contend.ErrInvalid)
 	}
 	what := func() string { return "advisory " + strconv.Quote(key) }
-	return a.r.run(ctx, what, func(ctx context.Context, tx contend.DBTX) error {
+	return a.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) error {
 		if a.r.mode == Wait {
-			_, err := tx.ExecContext(ctx, a.lock, key)
+			_, err := tx.Exec(ctx, a.lock, key)
 			return err
 		}
 		var got bool
-		if err := tx.QueryRowContext(ctx, a.lock, key).Scan(&got); err != nil {
+		if err := tx.QueryRow(ctx, a.lock, key).Scan(&got); err != nil {
 			return err
 		}
 		if !got {

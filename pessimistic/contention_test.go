@@ -10,6 +10,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/pessimistic"
 )
 
@@ -28,7 +29,7 @@ const workerConns = 8
 // sellUnderLoad runs sell on the hot row from load's goroutines and
 // processes, each sale in a transaction that sellIn makes, and returns the
 // outcome and the stock left.
-func sellUnderLoad(t *testing.T, driver string, sellIn func(t testing.TB, db *sqlx.DB) harness.Op) (harness.Result, int) {
+func sellUnderLoad(t *testing.T, driver string, sellIn func(t testing.TB, db contend.DB) harness.Op) (harness.Result, int) {
 	t.Helper()
 	var db *sqlx.DB
 	res := harness.Run(t, load,
@@ -39,6 +40,9 @@ func sellUnderLoad(t *testing.T, driver string, sellIn func(t testing.TB, db *sq
 			return harness.Params{"url": url}
 		},
 		func(t testing.TB, p harness.Params) harness.Op {
+			if driver == testserver.PgxNative {
+				return sellIn(t, testserver.Handle(t, driver, p["url"]))
+			}
 			db := testserver.Open(t, driver, p["url"])
 			db.SetMaxOpenConns(workerConns)
 			return sellIn(t, db)
@@ -54,12 +58,14 @@ func sellUnderLoad(t *testing.T, driver string, sellIn func(t testing.TB, db *sq
 // Waiting for the lock: every sale reads the stock the previous one wrote,
 // so exactly the stock is sold, across processes.
 func TestSellUnderContention(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
-			res, left := sellUnderLoad(t, driver, func(t testing.TB, db *sqlx.DB) harness.Op {
+			res, left := sellUnderLoad(t, driver, func(t testing.TB, db contend.DB) harness.Op {
 				l := newLocker(t, db, pessimistic.Config{})
 				return func(ctx context.Context, key string) error {
-					return l.Do(ctx, key, func(ctx context.Context) error { return sell(ctx, contend.Querier(ctx, db), key) })
+					return l.Do(ctx, key, func(ctx context.Context) error {
+						return workload.SellVia(ctx, testserver.Querier(ctx, db), key)
+					})
 				}
 			})
 			require.Equal(t, initialStock, res.Successes)
@@ -72,10 +78,10 @@ func TestSellUnderContention(t *testing.T) {
 // NOWAIT: losers give up with ErrConflict instead of queueing; whatever was
 // sold was sold exactly once, and nothing half-done remains.
 func TestSellUnderContentionNoWait(t *testing.T) {
-	res, left := sellUnderLoad(t, "pgx", func(t testing.TB, db *sqlx.DB) harness.Op {
+	res, left := sellUnderLoad(t, "pgx", func(t testing.TB, db contend.DB) harness.Op {
 		l := newLocker(t, db, pessimistic.Config{Mode: pessimistic.NoWait})
 		return func(ctx context.Context, key string) error {
-			return l.Do(ctx, key, func(ctx context.Context) error { return sell(ctx, contend.Querier(ctx, db), key) })
+			return l.Do(ctx, key, func(ctx context.Context) error { return workload.SellVia(ctx, testserver.Querier(ctx, db), key) })
 		}
 	})
 	require.Positive(t, res.Successes)
@@ -87,19 +93,20 @@ func TestSellUnderContentionNoWait(t *testing.T) {
 // without the lock, under the same load, loses sales (two sellers read the
 // same stock and write the same value), so the checks above can fail.
 func TestSellWithoutLockLosesUpdates(t *testing.T) {
-	res, left := sellUnderLoad(t, "pgx", func(t testing.TB, db *sqlx.DB) harness.Op {
-		return func(ctx context.Context, key string) error {
-			tx, err := db.BeginTxx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			if err := sell(ctx, tx, key); err != nil {
-				return err
-			}
-			return tx.Commit()
-		}
-	})
-	require.Greater(t, res.Successes, initialStock-left, "without the lock some sales must be lost")
-	t.Logf("%d sales recorded, %d taken off the stock: %d lost", res.Successes, initialStock-left, res.Successes-(initialStock-left))
+	for _, driver := range []string{"pgx", testserver.PgxNative} {
+		t.Run(driver, func(t *testing.T) {
+			res, left := sellUnderLoad(t, driver, func(t testing.TB, db contend.DB) harness.Op {
+				// A plain transaction of the test's own, on either driver:
+				// InTx with no retries, and no lock.
+				once := &pessimistic.TxOptions{Retry: contend.Retry{MaxAttempts: 1}}
+				return func(ctx context.Context, key string) error {
+					return pessimistic.InTx(ctx, db, once, func(ctx context.Context) error {
+						return workload.SellVia(ctx, testserver.Querier(ctx, db), key)
+					})
+				}
+			})
+			require.Greater(t, res.Successes, initialStock-left, "without the lock some sales must be lost")
+			t.Logf("%d sales recorded, %d taken off the stock: %d lost", res.Successes, initialStock-left, res.Successes-(initialStock-left))
+		})
+	}
 }

@@ -55,8 +55,8 @@
 // and rolls back a transaction per call, unless ctx already carries one (fn
 // of another SQL guard, or of an outer call): then it joins it, so nested
 // locks share one transaction and the server sees, and can break, any
-// deadlock between them. Built on a caller's [*sql.Tx] (or sqlx's Tx), it
-// only locks and runs fn there; the caller commits. Any other handle is
+// deadlock between them. Built on a caller's [*sql.Tx] (or sqlx's Tx, or a
+// wrapped pgx.Tx), it only locks and runs fn there; the caller commits. Any other handle is
 // refused with [contend.ErrInvalid]: a wrapper with only
 // [contend.DBTX]'s methods could be either, and taken for a transaction
 // its statements would run in autocommit, each lock ending with the
@@ -128,6 +128,9 @@
 // or when the work is outside the database and cannot be inside a
 // transaction (package distlock).
 //
-// Statements use PostgreSQL's syntax and work with both lib/pq and pgx's
-// stdlib driver.
+// Statements use PostgreSQL's syntax and work with lib/pq, pgx's stdlib
+// driver, and pgx's native pool, connection or transaction wrapped by
+// pgxdb.Wrap, through one code path; under pgx, fn reaches the guard's
+// pgx.Tx with pgxdb.Querier. [InTx] runs a plain transaction with the same
+// retries, for work that needs no lock of its own, or that nests guards.
 package pessimistic

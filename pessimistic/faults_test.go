@@ -5,16 +5,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/txn/txntest"
 	"github.com/contend/contend/pessimistic"
 )
 
 func TestRowLockUnderFaults(t *testing.T) {
-	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		l, err := pessimistic.New(db, pessimistic.Config{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
 		return guardOp(l, db)
@@ -22,15 +22,15 @@ func TestRowLockUnderFaults(t *testing.T) {
 }
 
 func TestAdvisoryLockUnderFaults(t *testing.T) {
-	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db *sqlx.DB, finish time.Duration) txntest.Op {
+	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		a, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{FinishTimeout: finish})
 		require.NoError(t, err)
 		return guardOp(a, db)
 	}})
 }
 
-func guardOp(g contend.Guard, db *sqlx.DB) txntest.Op {
+func guardOp(g contend.Guard, db contend.DB) txntest.Op {
 	return func(ctx context.Context, key string, fn txntest.Fn) error {
-		return g.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, contend.Querier(ctx, db)) })
+		return g.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, testserver.Querier(ctx, db)) })
 	}
 }

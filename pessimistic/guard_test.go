@@ -3,11 +3,11 @@ package pessimistic_test
 import (
 	"testing"
 
-	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/guardtest"
+	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/pessimistic"
 )
 
@@ -16,7 +16,10 @@ func lockRows(t testing.TB, env guardtest.Env, keys []string) {
 	t.Helper()
 	_, err := env.DB.Exec(`CREATE TABLE locks (id text PRIMARY KEY)`)
 	require.NoError(t, err)
-	_, err = env.DB.Exec(`INSERT INTO locks (id) SELECT unnest($1::text[])`, pq.Array(keys))
+	for _, k := range keys {
+		_, err = env.DB.Exec(`INSERT INTO locks (id) VALUES ($1)`, k)
+		require.NoError(t, err)
+	}
 	require.NoError(t, err)
 }
 
@@ -32,13 +35,14 @@ func TestLockerIsAGuard(t *testing.T) {
 	}{
 		{"wait/pgx", "pgx", pessimistic.Wait},
 		{"nowait/postgres", "postgres", pessimistic.NoWait},
+		{"wait/pgx-native", testserver.PgxNative, pessimistic.Wait},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: c.driver,
 				Setup:  lockRows,
 				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					l, err := pessimistic.New(env.DB, pessimistic.Config{Table: "locks", Mode: c.mode})
+					l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "locks", Mode: c.mode})
 					require.NoError(t, err)
 					return l
 				},
@@ -56,12 +60,13 @@ func TestAdvisoryIsAGuard(t *testing.T) {
 	}{
 		{"wait/postgres", "postgres", pessimistic.Wait},
 		{"try/pgx", "pgx", pessimistic.NoWait},
+		{"try/pgx-native", testserver.PgxNative, pessimistic.NoWait},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: c.driver,
 				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					a, err := pessimistic.NewAdvisory(env.DB, pessimistic.AdvisoryConfig{Mode: c.mode})
+					a, err := pessimistic.NewAdvisory(env.Handle, pessimistic.AdvisoryConfig{Mode: c.mode})
 					require.NoError(t, err)
 					return a
 				},

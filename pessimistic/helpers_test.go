@@ -28,7 +28,7 @@ func stockOf(t testing.TB, db *sqlx.DB, id string) int {
 }
 
 // newLocker makes a locker on db; the table defaults to products.
-func newLocker(t testing.TB, db contend.DBTX, cfg pessimistic.Config) *pessimistic.Locker {
+func newLocker(t testing.TB, db contend.DB, cfg pessimistic.Config) *pessimistic.Locker {
 	t.Helper()
 	if cfg.Table == "" {
 		cfg.Table = "products"

@@ -3,16 +3,14 @@ package pessimistic
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/lib/pq"
-
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 )
 
@@ -137,15 +135,18 @@ type Locker struct {
 var _ contend.Guard = (*Locker)(nil)
 
 // New validates cfg and returns a locker on db. db is either a pool (a
-// [*sql.DB], [*sql.Conn] or sqlx's DB), on which the locker begins a
-// transaction per call, or a transaction (a [*sql.Tx] or sqlx's Tx) that the
-// caller owns, in which the locker neither begins nor commits. New does no
+// [*sql.DB], [*sql.Conn] or sqlx's DB, or a *pgxpool.Pool or *pgx.Conn
+// wrapped by pgxdb.Wrap), on which the locker begins a transaction per
+// call, or a transaction (a [*sql.Tx], sqlx's Tx, or a wrapped pgx.Tx) that
+// the caller owns, in which the locker neither begins nor commits. Anything
+// else, nil and typed nils included, is an error matching
+// [contend.ErrInvalid]. New does no
 // I/O, so making a locker per caller transaction costs nothing: a table or
 // column that does not exist shows in the first lock's error.
 //
 // On a pool, a call whose ctx carries a transaction (fn of another SQL guard,
 // or of an outer call of this locker) joins that transaction.
-func New(db contend.DBTX, cfg Config) (*Locker, error) {
+func New(db contend.DB, cfg Config) (*Locker, error) {
 	if cfg.KeyColumn == "" {
 		cfg.KeyColumn = "id"
 	}
@@ -187,12 +188,15 @@ func New(db contend.DBTX, cfg Config) (*Locker, error) {
 		// is taken above the sort), so every caller locking an overlapping
 		// set takes the shared rows in the same order: one waits for the
 		// other, and neither can hold a row the other needs first.
-		lockMany:   fmt.Sprintf(`SELECT %s FROM %s WHERE %s = ANY($1) ORDER BY %s %s`, key, table, key, key, lockClause),
+		// Keys come back as text, the type they were given in, whatever the
+		// column's; $1 is a text-array literal (sqlident.TextArray), which
+		// the server reads as an array of the column's type.
+		lockMany:   fmt.Sprintf(`SELECT %s::text FROM %s WHERE %s = ANY($1) ORDER BY %s %s`, key, table, key, key, lockClause),
 		existsMany: fmt.Sprintf(`SELECT count(*) FROM %s WHERE %s = ANY($1)`, table, key),
 		// Claiming always skips held rows, whatever the mode: a worker that
 		// waited for another's row would only get it after that worker was
 		// done with it.
-		claim: fmt.Sprintf(`SELECT %s FROM %s WHERE %s ORDER BY %s LIMIT $1 %s SKIP LOCKED`,
+		claim: fmt.Sprintf(`SELECT %s::text FROM %s WHERE %s ORDER BY %s LIMIT $1 %s SKIP LOCKED`,
 			key, table, where, key, cfg.Strength),
 	}, nil
 }
@@ -208,6 +212,9 @@ func New(db contend.DBTX, cfg Config) (*Locker, error) {
 // timeout passed, or a deadlock or serialization failure outlasted the retries
 // or happened in a caller's transaction); ctx's error when ctx ended first;
 // or the backend's error.
+//
+// Under a pgx handle (see package pgxdb) tx is nil: fn reaches the
+// guard's pgx.Tx with pgxdb.Querier.
 func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
 	if key == "" {
 		return fmt.Errorf("pessimistic: lock: empty key: %w", contend.ErrInvalid)
@@ -216,7 +223,7 @@ func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Conte
 		return fmt.Errorf("pessimistic: lock %q: nil fn: %w", key, contend.ErrInvalid)
 	}
 	what := func() string { return strconv.Quote(key) }
-	return l.r.run(ctx, what, func(ctx context.Context, tx contend.DBTX) error {
+	return l.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) error {
 		return l.lockRow(ctx, tx, key)
 	}, fn)
 }
@@ -230,10 +237,10 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 	return l.Lock(ctx, key, func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) })
 }
 
-func (l *Locker) lockRow(ctx context.Context, tx contend.DBTX, key string) error {
+func (l *Locker) lockRow(ctx context.Context, tx sqldb.Tx, key string) error {
 	var one int
-	err := tx.QueryRowContext(ctx, l.lockOne, key).Scan(&one)
-	if !errors.Is(err, sql.ErrNoRows) {
+	err := tx.QueryRow(ctx, l.lockOne, key).Scan(&one)
+	if !sqldb.NoRows(err) {
 		return err
 	}
 	if l.r.mode != SkipLocked {
@@ -242,7 +249,7 @@ func (l *Locker) lockRow(ctx context.Context, tx contend.DBTX, key string) error
 	// SKIP LOCKED answers a held row and a missing one alike; only this, the
 	// loser's path, pays a second query to tell them apart.
 	var exists bool
-	if err := tx.QueryRowContext(ctx, l.existsOne, key).Scan(&exists); err != nil {
+	if err := tx.QueryRow(ctx, l.existsOne, key).Scan(&exists); err != nil {
 		return err
 	}
 	if exists {
@@ -278,8 +285,8 @@ func (l *Locker) LockMany(ctx context.Context, keys []string, fn func(ctx contex
 	want := slices.Compact(slices.Sorted(slices.Values(keys)))
 	what := func() string { return describe(want) }
 	var locked []string
-	return l.r.run(ctx, what, func(ctx context.Context, tx contend.DBTX) (err error) {
-		locked, err = queryKeys(ctx, tx, l.lockMany, pq.Array(want))
+	return l.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) (err error) {
+		locked, err = queryKeys(ctx, tx, l.lockMany, sqlident.TextArray(want))
 		if err != nil || len(locked) == len(want) {
 			return err
 		}
@@ -288,7 +295,7 @@ func (l *Locker) LockMany(ctx context.Context, keys []string, fn func(ctx contex
 				return nil
 			}
 			var n int
-			if err := tx.QueryRowContext(ctx, l.existsMany, pq.Array(want)).Scan(&n); err != nil {
+			if err := tx.QueryRow(ctx, l.existsMany, sqlident.TextArray(want)).Scan(&n); err != nil {
 				return err
 			}
 			if n > 0 {
@@ -325,7 +332,7 @@ func (l *Locker) Claim(ctx context.Context, n int, fn func(ctx context.Context, 
 	}
 	what := func() string { return fmt.Sprintf("up to %d free rows of %s", n, l.table) }
 	var claimed []string
-	return l.r.run(ctx, what, func(ctx context.Context, tx contend.DBTX) (err error) {
+	return l.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) (err error) {
 		claimed, err = queryKeys(ctx, tx, l.claim, n)
 		if err == nil && len(claimed) == 0 {
 			err = fmt.Errorf("no free row: %w", contend.ErrNotFound)
@@ -336,8 +343,8 @@ func (l *Locker) Claim(ctx context.Context, n int, fn func(ctx context.Context, 
 	})
 }
 
-func queryKeys(ctx context.Context, tx contend.DBTX, query string, arg any) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, query, arg)
+func queryKeys(ctx context.Context, tx sqldb.Tx, query string, arg any) ([]string, error) {
+	rows, err := tx.Query(ctx, query, arg)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/pessimistic"
 )
 
@@ -85,20 +86,22 @@ func TestMissingRowIsNotFoundNotConflict(t *testing.T) {
 }
 
 func TestLockManyLocksAllInOneOrder(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			products(t, db, 5, "a", "b", "c")
-			l := newLocker(t, db, pessimistic.Config{})
-			other := newLocker(t, db, pessimistic.Config{Mode: pessimistic.NoWait})
+			l := newLocker(t, h, pessimistic.Config{})
+			other := newLocker(t, h, pessimistic.Config{Mode: pessimistic.NoWait})
 			ctx := t.Context()
 
 			err := l.LockMany(ctx, []string{"c", "a", "c", "b"}, func(ctx context.Context, tx contend.DBTX, locked []string) error {
 				require.Equal(t, []string{"a", "b", "c"}, locked, "sorted, without duplicates")
 				for _, k := range locked {
 					require.ErrorIs(t, other.Do(t.Context(), k, func(context.Context) error { return nil }), contend.ErrConflict, k)
-					require.NoError(t, sell(ctx, tx, k))
+					require.NoError(t, workload.SellVia(ctx, testserver.Querier(ctx, h), k))
 				}
 				return nil
 			})
@@ -154,18 +157,20 @@ func TestSkipLocked(t *testing.T) {
 // Claim hands concurrent workers disjoint rows, and a job whose worker fails
 // goes back to the queue.
 func TestClaim(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			_, err := db.Exec(`CREATE TABLE jobs (id text PRIMARY KEY, done boolean NOT NULL DEFAULT false);
 				INSERT INTO jobs (id) VALUES ('j1'), ('j2'), ('j3'), ('j4'), ('j5')`)
 			require.NoError(t, err)
-			l := newLocker(t, db, pessimistic.Config{Table: "jobs", ClaimWhere: "NOT done"})
+			l := newLocker(t, h, pessimistic.Config{Table: "jobs", ClaimWhere: "NOT done"})
 			ctx := t.Context()
-			finish := func(ctx context.Context, tx contend.DBTX, claimed []string) error {
+			finish := func(ctx context.Context, _ contend.DBTX, claimed []string) error {
 				for _, id := range claimed {
-					if _, err := tx.ExecContext(ctx, `UPDATE jobs SET done = true WHERE id = $1`, id); err != nil {
+					if _, err := testserver.Querier(ctx, h).Exec(ctx, `UPDATE jobs SET done = true WHERE id = $1`, id); err != nil {
 						return err
 					}
 				}
@@ -296,14 +301,16 @@ func TestStrength(t *testing.T) {
 
 // Keys are sent as text; the server converts them to the key column's type.
 func TestNonTextKeyColumn(t *testing.T) {
-	for _, driver := range testserver.Drivers {
+	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
-			db := testserver.DB(t, driver)
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
 			_, err := db.Exec(`CREATE TABLE accounts (number bigint PRIMARY KEY, balance bigint NOT NULL);
 				INSERT INTO accounts VALUES (1, 10), (2, 20)`)
 			require.NoError(t, err)
-			l := newLocker(t, db, pessimistic.Config{Table: "accounts", KeyColumn: "number"})
+			l := newLocker(t, h, pessimistic.Config{Table: "accounts", KeyColumn: "number"})
 			ctx := t.Context()
 			require.NoError(t, l.Do(ctx, "2", func(context.Context) error { return nil }))
 			require.ErrorIs(t, l.Do(ctx, "3", func(context.Context) error { return nil }), contend.ErrNotFound)

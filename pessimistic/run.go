@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/txn"
 )
@@ -49,7 +50,7 @@ func (m Mode) String() string {
 // from, how they run, and how a failed lock is told apart from a caller who
 // gave up.
 type runner struct {
-	db      contend.DBTX
+	db      sqldb.DB
 	opts    txn.Options
 	mode    Mode
 	timeout time.Duration // 0: the server's lock_timeout applies
@@ -57,8 +58,9 @@ type runner struct {
 	setTimeout string
 }
 
-func newRunner(db contend.DBTX, mode Mode, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry) (runner, error) {
-	if err := txn.Check(db); err != nil {
+func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry) (runner, error) {
+	d, err := sqldb.Open(db)
+	if err != nil {
 		return runner{}, fmt.Errorf("pessimistic: %w", err)
 	}
 	if timeout < 0 {
@@ -67,7 +69,7 @@ func newRunner(db contend.DBTX, mode Mode, timeout, finish time.Duration, isolat
 	if finish < 0 {
 		return runner{}, fmt.Errorf("pessimistic: finish timeout %v is negative: %w", finish, contend.ErrInvalid)
 	}
-	r := runner{db: db, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry, FinishTimeout: finish}}
+	r := runner{db: d, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry, FinishTimeout: finish}}
 	if isolation != sql.LevelDefault {
 		r.opts.Tx = &sql.TxOptions{Isolation: isolation}
 	}
@@ -90,18 +92,18 @@ func timeoutMillis(d time.Duration) int64 {
 // the locker was built on, or else a new one of its own, retried from the
 // start on deadlock and serialization failure. what names the locked keys
 // in errors; it is called only when there is an error to report.
-func (r *runner) run(ctx context.Context, what func() string, lock, fn func(context.Context, contend.DBTX) error) error {
+func (r *runner) run(ctx context.Context, what func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
 	h, err := txn.Resolve(ctx, r.db)
 	if err != nil {
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
-	_, err = txn.Run(ctx, r.db, r.opts, func(ctx context.Context, tx contend.DBTX) error {
+	_, err = txn.RunTx(ctx, r.db, r.opts, func(ctx context.Context, tx sqldb.Tx) error {
 		// Watched: a lock statement the network swallowed must not hold the
 		// call past ctx (the rollback that follows is bounded too).
 		if err := txn.Watch(ctx, func() error { return r.lock(ctx, tx, h.Owned(), lock) }); err != nil {
 			return r.classify(ctx, what, err)
 		}
-		return fn(ctx, tx)
+		return fn(ctx, tx.DBTX())
 	})
 	if err != nil && sqlerr.Retryable(err) && !errors.Is(err, contend.ErrConflict) && context.Cause(ctx) == nil {
 		// fn's own statement was the deadlock victim (or, in a transaction
@@ -121,18 +123,18 @@ func (r *runner) run(ctx context.Context, what func() string, lock, fn func(cont
 // transaction it does not own. Only a lock the server answered with an error
 // skips that: the error aborted the transaction, and the rollback the caller
 // must make (to a savepoint or of the whole transaction) undoes the setting.
-func (r *runner) lock(ctx context.Context, tx contend.DBTX, owned bool, lock func(context.Context, contend.DBTX) error) error {
+func (r *runner) lock(ctx context.Context, tx sqldb.Tx, owned bool, lock func(context.Context, sqldb.Tx) error) error {
 	if r.setTimeout == "" {
 		return lock(ctx, tx)
 	}
 	if owned {
-		if _, err := tx.ExecContext(ctx, r.setTimeout); err != nil {
+		if _, err := tx.Exec(ctx, r.setTimeout); err != nil {
 			return fmt.Errorf("set lock_timeout: %w", err)
 		}
 		return lock(ctx, tx)
 	}
 	var prev, set string
-	err := tx.QueryRowContext(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`,
+	err := tx.QueryRow(ctx, `SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)`,
 		strconv.FormatInt(timeoutMillis(r.timeout), 10)).Scan(&prev, &set)
 	if err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
@@ -141,7 +143,7 @@ func (r *runner) lock(ctx context.Context, tx contend.DBTX, owned bool, lock fun
 	if sqlerr.Code(err) != "" {
 		return err
 	}
-	if _, rerr := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true)`, prev); rerr != nil {
+	if _, rerr := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, prev); rerr != nil {
 		return errors.Join(err, fmt.Errorf("restore lock_timeout: %w", rerr))
 	}
 	return err

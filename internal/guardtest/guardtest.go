@@ -55,8 +55,13 @@ import (
 
 // Env is what a guard is built on, in whichever process builds it.
 type Env struct {
-	// DB is a pool, through the suite's driver, on a schema of the test's own.
+	// DB is a pool, through the suite's driver, on a schema of the test's
+	// own, for the test's own statements (under testserver.PgxNative, pgx's
+	// stdlib driver).
 	DB *sqlx.DB
+	// Handle is the pool the guard is built on: DB itself under a
+	// database/sql driver, a testserver.Native pool under PgxNative.
+	Handle contend.DB
 	// Redis is a client of the test server; keys the guard makes must start
 	// with Prefix.
 	Redis  *redis.Client
@@ -65,7 +70,8 @@ type Env struct {
 
 // Suite describes the guard under test.
 type Suite struct {
-	// Driver is the database/sql driver name: "postgres" or "pgx".
+	// Driver is one of testserver.AllDrivers: "postgres", "pgx" or
+	// "pgx-native".
 	Driver string
 	// Setup prepares the backend for keys (tables, rows), once per subtest, in
 	// the test process only. Optional.
@@ -221,12 +227,22 @@ func newGuard(t testing.TB, s Suite, env Env) contend.Guard {
 // Redis prefix, cleaned when t ends.
 func open(t testing.TB, driver, url, prefix string) Env {
 	t.Helper()
-	db := testserver.Open(t, driver, url)
 	client, fresh := testserver.Redis(t)
 	if prefix == "" {
 		prefix = fresh
 	}
-	return Env{DB: db, Redis: client, Prefix: prefix}
+	return withHandle(t, driver, url, Env{Redis: client, Prefix: prefix})
+}
+
+// withHandle opens env's pools on url through driver.
+func withHandle(t testing.TB, driver, url string, env Env) Env {
+	t.Helper()
+	env.DB = testserver.Open(t, driver, url)
+	env.Handle = env.DB
+	if driver == testserver.PgxNative {
+		env.Handle = testserver.Handle(t, driver, url)
+	}
+	return env
 }
 
 // requireFree checks that key is not held: a fail-fast guard must not answer
@@ -438,15 +454,15 @@ func increment(ctx context.Context, env Env, key string, call *history.Call) err
 	if n > 1 {
 		env.Redis.Incr(ctx, env.Prefix+"overlaps")
 	}
-	q := contend.Querier(ctx, env.DB)
+	q := testserver.Querier(ctx, env.Handle)
 	var v int64
-	if err := q.QueryRowContext(ctx, `SELECT n FROM `+counterTable+` WHERE key = $1`, key).Scan(&v); err != nil {
+	if err := q.QueryRow(ctx, `SELECT n FROM `+counterTable+` WHERE key = $1`, key).Scan(&v); err != nil {
 		return err
 	}
 	// Widen the window between read and write, so that a guard that does not
 	// keep callers apart loses updates every run, not once in a while.
 	time.Sleep(time.Millisecond)
 	call.Sending(v)
-	_, err = q.ExecContext(ctx, `UPDATE `+counterTable+` SET n = $2 WHERE key = $1`, key, v+1)
+	_, err = q.Exec(ctx, `UPDATE `+counterTable+` SET n = $2 WHERE key = $1`, key, v+1)
 	return err
 }

@@ -66,16 +66,24 @@ type worker struct {
 func newWorker(t testing.TB, s Suite, p harness.Params) *worker {
 	index := claimIndex(t, p["dir"])
 	w := &worker{rec: history.NewRecorder(index)}
+	var proxies []*faultproxy.Proxy
 	if p["faults"] == "true" {
 		w.limit = opTimeout
 		if index == 0 {
-			w.env, w.chaos = openUnderFaults(t, s.Driver, p["url"], p["prefix"])
+			w.env, proxies = openUnderFaults(t, s.Driver, p["url"], p["prefix"])
 		}
 	}
 	if w.env.DB == nil {
 		w.env = open(t, s.Driver, p["url"], p["prefix"])
 	}
 	w.guard = newGuard(t, s, w.env)
+	if proxies != nil {
+		// After the guard is built: a constructor that prepares statements
+		// (the claimer's) fails on a cut connection, as it should, and the
+		// run is about the calls, not the construction.
+		w.chaos = startChaos(proxies...)
+		t.Cleanup(func() { w.chaos.stop() })
+	}
 	return w
 }
 
@@ -158,9 +166,10 @@ func claimIndex(t testing.TB, dir string) int {
 }
 
 // openUnderFaults is open with the connections to PostgreSQL and to Redis
-// each through a fault proxy, and the faults started. They stop, and the
-// proxies heal, when t ends or the worker reports.
-func openUnderFaults(t testing.TB, driver, pgURL, prefix string) (Env, *chaos) {
+// each through a fault proxy, and returns the proxies for the faults
+// (startChaos). They stop, and the proxies heal, when t ends or the worker
+// reports.
+func openUnderFaults(t testing.TB, driver, pgURL, prefix string) (Env, []*faultproxy.Proxy) {
 	t.Helper()
 	u, err := url.Parse(pgURL)
 	require.NoError(t, err)
@@ -176,10 +185,7 @@ func openUnderFaults(t testing.TB, driver, pgURL, prefix string) (Env, *chaos) {
 	client := redis.NewClient(opts)
 	t.Cleanup(func() { _ = client.Close() })
 
-	env := Env{DB: testserver.Open(t, driver, u.String()), Redis: client, Prefix: prefix}
-	c := startChaos(pg, rp)
-	t.Cleanup(func() { c.stop() })
-	return env, c
+	return withHandle(t, driver, u.String(), Env{Redis: client, Prefix: prefix}), []*faultproxy.Proxy{pg, rp}
 }
 
 // FaultCount says what the faults of a run did, so a test can show they

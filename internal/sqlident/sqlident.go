@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/lib/pq"
-
 	"github.com/contend/contend"
 )
 
@@ -30,7 +28,8 @@ func Quote(what, name string) (string, error) {
 		if err := check(p); err != nil {
 			return "", fmt.Errorf("%s %q: %s: %w", what, name, err, contend.ErrInvalid)
 		}
-		parts[i] = pq.QuoteIdentifier(p)
+		// check admits no double quote to escape, and no NUL.
+		parts[i] = `"` + p + `"`
 	}
 	return strings.Join(parts, "."), nil
 }
@@ -51,4 +50,32 @@ func check(s string) error {
 		}
 	}
 	return nil
+}
+
+// TextArray returns values as a PostgreSQL array literal ({"a","b"}), to
+// be sent as one text parameter that the server reads as an array of the
+// type the statement needs (= ANY($1)). Every element is quoted, with
+// backslash and double quote escaped, so no value can end the element or
+// the array early; an array literal cannot hold a NUL, and neither can
+// PostgreSQL's text. It replaces pq.Array, so that no library package links
+// lib/pq, and works alike on every driver: pgx sends a string parameter in
+// text format whatever the parameter's type.
+func TextArray(values []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, v := range values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for i := 0; i < len(v); i++ { // bytes, not runes: invalid UTF-8 passes as is
+			if v[i] == '"' || v[i] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(v[i])
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }

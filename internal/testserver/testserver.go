@@ -231,10 +231,11 @@ func Postgres(t testing.TB) string {
 const MaxConns = 10
 
 // Open opens url with driver, at most [MaxConns] connections, and closes the
-// pool when t ends.
+// pool when t ends. Under [PgxNative] it opens pgx's stdlib driver, for the
+// test's own statements.
 func Open(t testing.TB, driver, url string) *sqlx.DB {
 	t.Helper()
-	db, err := sqlx.Open(driver, url)
+	db, err := sqlx.Open(sqlDriver(driver), url)
 	if err != nil {
 		t.Fatal(err)
 	}

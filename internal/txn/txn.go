@@ -9,20 +9,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
 )
-
-// Beginner is a handle that can begin transactions: [*sql.DB], [*sql.Conn],
-// sqlx's DB and Conn, and any wrapper of the caller's with the same BeginTx.
-type Beginner interface {
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
-}
 
 // DefaultFinishTimeout is the default of [Options.FinishTimeout].
 const DefaultFinishTimeout = 5 * time.Second
@@ -43,101 +35,87 @@ type Options struct {
 	FinishTimeout time.Duration
 }
 
+func (o Options) txOptions() sqldb.TxOptions {
+	if o.Tx == nil {
+		return sqldb.TxOptions{}
+	}
+	return sqldb.TxOptions{Isolation: o.Tx.Isolation, ReadOnly: o.Tx.ReadOnly}
+}
+
 // Handle is where a guard's statements run, decided from the handle it was
 // given and the context of the call.
 type Handle struct {
 	// Tx is a transaction someone else owns, to run in; nil when the guard
 	// begins transactions of its own on Pool.
-	Tx contend.DBTX
+	Tx sqldb.Tx
 	// Pool begins the guard's own transactions; nil when Tx is set.
-	Pool Beginner
+	Pool sqldb.DB
 }
 
 // Owned reports whether the guard owns its transactions.
 func (h Handle) Owned() bool { return h.Tx == nil }
 
-// Check reports an error matching [contend.ErrInvalid] unless db is a handle
-// whose kind is known: a transaction ([*sql.Tx], sqlx's Tx), run in and
-// never committed, or a pool ([*sql.DB], [*sql.Conn], sqlx's DB and Conn,
-// anything with [Beginner]'s BeginTx), on which transactions are begun.
+// Open classifies db, a [contend.DB]: a transaction ([*sql.Tx], sqlx's Tx,
+// a wrapped pgx.Tx), run in and never committed, or a pool ([*sql.DB],
+// [*sql.Conn], sqlx's DB and Conn, anything with database/sql's BeginTx, a
+// wrapped *pgxpool.Pool or *pgx.Conn), on which transactions are begun.
+// Anything else gives an error matching [contend.ErrInvalid].
 //
-// Nothing else is guessed at. A wrapper with only [contend.DBTX]'s methods
+// Nothing is guessed at. A wrapper with only [contend.DBTX]'s methods
 // might be either; taken for a transaction, its statements would run in
 // autocommit: a lock would end with the statement that took it and fn would
 // run unlocked.
-func Check(db contend.DBTX) error {
-	_, err := Classify(db)
+func Open(db contend.DB) (sqldb.DB, error) { return sqldb.Open(db) }
+
+// Check reports [Open]'s error, if any.
+func Check(db contend.DB) error {
+	_, err := sqldb.Open(db)
 	return err
 }
 
 // IsNil reports whether db is nil or a typed nil, such as a nil [*sql.DB].
-func IsNil(db contend.DBTX) bool {
-	if db == nil {
-		return true
-	}
-	switch v := reflect.ValueOf(db); v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
-}
+func IsNil(db contend.DB) bool { return sqldb.IsNil(db) }
 
-// Classify says whether db is a transaction to run in or a pool to begin
-// on, or, with an error matching [contend.ErrInvalid], neither (see [Check]).
-func Classify(db contend.DBTX) (Handle, error) {
-	if IsNil(db) {
-		return Handle{}, fmt.Errorf("nil db: %w", contend.ErrInvalid)
+// Resolve decides where a call on d runs. A transaction runs the call in
+// itself. A pool runs it in the transaction ctx carries ([contend.Querier]
+// or pgxdb.Querier: fn of another SQL guard, or of an outer call), so nested
+// guards share one transaction and the server sees, and breaks, any
+// deadlock between their locks; with none, the guard begins its own on the
+// pool.
+func Resolve(ctx context.Context, d sqldb.DB) (Handle, error) {
+	if tx := d.Tx(); tx != nil {
+		return Handle{Tx: tx}, nil
 	}
-	switch h := db.(type) {
-	case *sql.Tx, *sqlx.Tx:
-		return Handle{Tx: h}, nil
-	case Beginner:
-		return Handle{Pool: h}, nil
-	}
-	return Handle{}, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
-		"or anything with BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error) to begin a transaction per call, or a *sql.Tx "+
-		"or sqlx's Tx to run inside yours: %w", db, contend.ErrInvalid)
-}
-
-// Resolve decides where a call on db runs. A transaction runs the call in
-// itself. A pool runs it in the transaction ctx carries ([contend.Querier]:
-// fn of another SQL guard, or of an outer call), so nested guards share one
-// transaction and the server sees, and breaks, any deadlock between their
-// locks; with none, the guard begins its own on the pool.
-func Resolve(ctx context.Context, db contend.DBTX) (Handle, error) {
-	h, err := Classify(db)
-	if err != nil || !h.Owned() {
-		return h, err
-	}
-	outer, err := Outer(ctx)
-	if err != nil || outer == nil {
-		return h, err
-	}
-	return Handle{Tx: outer}, nil
-}
-
-// Outer returns the transaction ctx carries ([contend.WithQuerier]), or nil
-// when it carries none, or a pool. A querier of unknown kind gives an error
-// matching [contend.ErrInvalid].
-func Outer(ctx context.Context) (contend.DBTX, error) {
-	q := contend.Querier(ctx, nil)
-	if q == nil {
-		return nil, nil
-	}
-	h, err := Classify(q)
+	outer, err := d.Outer(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("the querier ctx carries: %w", err)
+		return Handle{}, err
 	}
-	// A pool put in ctx with contend.WithQuerier has no transaction to join.
-	return h.Tx, nil
+	if outer != nil {
+		return Handle{Tx: outer}, nil
+	}
+	return Handle{Pool: d}, nil
 }
 
-// Run runs fn inside a transaction and returns the number of attempts and
-// the last error. fn's ctx carries the transaction for [contend.Querier].
-// Where the transaction comes from is [Resolve]'s decision; a handle of
-// unknown kind gives an error matching [contend.ErrInvalid] and runs nothing.
+// Run is [RunTx] for a handle not yet opened and a fn that takes
+// database/sql's transaction (nil under pgx: fn then reaches it through
+// ctx, with pgxdb.Querier).
+func Run(ctx context.Context, db contend.DB, opts Options, fn func(ctx context.Context, tx contend.DBTX) error) (attempts int, err error) {
+	d, err := sqldb.Open(db)
+	if err != nil {
+		return 0, err
+	}
+	if fn == nil {
+		return 0, fmt.Errorf("nil fn: %w", contend.ErrInvalid)
+	}
+	return RunTx(ctx, d, opts, func(ctx context.Context, tx sqldb.Tx) error { return fn(ctx, tx.DBTX()) })
+}
+
+// RunTx runs fn inside a transaction and returns the number of attempts
+// and the last error. fn's ctx carries the transaction for
+// [contend.Querier] and pgxdb.Querier. Where the transaction comes from is
+// [Resolve]'s decision.
 //
-// In a transaction of its own, Run commits when fn returns nil and rolls
+// In a transaction of its own, RunTx commits when fn returns nil and rolls
 // back otherwise, also on panic (re-raised). A deadlock or serialization
 // failure (SQLSTATE 40P01, 40001), or an error opts.Retryable accepts, rolls
 // back and runs the whole transaction again under opts.Retry: an aborted
@@ -145,28 +123,27 @@ func Outer(ctx context.Context) (contend.DBTX, error) {
 // succeed.
 //
 // The COMMIT or ROLLBACK is waited for as long as the server takes to answer,
-// so Run never returns while the server still holds the transaction's locks,
+// so RunTx never returns while the server still holds the transaction's locks,
 // but at most opts.FinishTimeout: a network that went silent (a partition, a
-// frozen peer) would otherwise hold Run until the kernel gives up on the
-// connection, a quarter of an hour. When the bound passes, Run returns an
-// error matching [context.DeadlineExceeded] (after a COMMIT: it may or may not
-// have been applied), and the connection is abandoned: closed at once by a
-// driver that watches the transaction's context (pgx), or left to the driver
-// until its call returns (lib/pq). The server rolls back a transaction whose
-// COMMIT it never got, and lets go of its locks, once it notices the session
-// is gone (its tcp_keepalives_* and idle_in_transaction_session_timeout
-// settings).
+// frozen peer) would otherwise hold RunTx until the kernel gives up on the
+// connection. When the bound passes, RunTx returns an error matching
+// [context.DeadlineExceeded] (after a COMMIT: it may or may not have been
+// applied), and the connection is abandoned: closed at once by a driver that
+// watches the transaction's context (pgx), or left to the driver until its
+// call returns (lib/pq). The server rolls back a transaction whose COMMIT it
+// never got, and lets go of its locks, once it notices the session is gone
+// (its tcp_keepalives_* and idle_in_transaction_session_timeout settings).
 //
 // BEGIN is watched like a statement (see [Watch]): a call into a silent
 // network returns [CancelGrace] after ctx's end, so a call returns within
 // ctx's deadline, plus CancelGrace, plus opts.FinishTimeout, as long as fn's
 // own statements return when ctx ends.
 //
-// In a transaction someone else owns, fn runs once, Run neither commits nor
-// rolls back, and errors are returned for the owner to handle: only it can
-// run its transaction again from the start.
-func Run(ctx context.Context, db contend.DBTX, opts Options, fn func(ctx context.Context, tx contend.DBTX) error) (attempts int, err error) {
-	h, err := Resolve(ctx, db)
+// In a transaction someone else owns, fn runs once, RunTx neither commits
+// nor rolls back, and errors are returned for the owner to handle: only it
+// can run its transaction again from the start.
+func RunTx(ctx context.Context, d sqldb.DB, opts Options, fn func(ctx context.Context, tx sqldb.Tx) error) (attempts int, err error) {
+	h, err := Resolve(ctx, d)
 	if err != nil {
 		return 0, err
 	}
@@ -177,7 +154,7 @@ func Run(ctx context.Context, db contend.DBTX, opts Options, fn func(ctx context
 		if err := context.Cause(ctx); err != nil {
 			return 0, err
 		}
-		return 1, fn(contend.WithQuerier(ctx, h.Tx), h.Tx)
+		return 1, fn(h.Tx.Context(ctx), h.Tx)
 	}
 	retryable := func(err error) bool {
 		return sqlerr.Retryable(err) || (opts.Retryable != nil && opts.Retryable(err))
@@ -185,12 +162,6 @@ func Run(ctx context.Context, db contend.DBTX, opts Options, fn func(ctx context
 	return opts.Retry.Do(ctx, func(ctx context.Context) error {
 		return once(ctx, h.Pool, opts, fn)
 	}, retryable)
-}
-
-// conner is a pool that hands out a connection of its own: [*sql.DB] and
-// sqlx's DB.
-type conner interface {
-	Conn(ctx context.Context) (*sql.Conn, error)
 }
 
 // once runs one attempt: begin, fn, commit or roll back.
@@ -203,27 +174,23 @@ type conner interface {
 // back here, before once returns. The wait for a connection, BEGIN and fn's
 // statements still end with ctx, and a transaction whose ctx ended while fn
 // ran is rolled back, not committed.
-func once(ctx context.Context, b Beginner, opts Options, fn func(context.Context, contend.DBTX) error) (err error) {
-	var conn *sql.Conn
-	if p, ok := b.(conner); ok {
-		if conn, err = p.Conn(ctx); err != nil {
-			return err
-		}
-		b = conn
-	}
+func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context, sqldb.Tx) error) (err error) {
 	// txCtx is cancelled when ctx ends during BEGIN, and when a COMMIT or
 	// ROLLBACK outlives its bound: drivers that watch it (pgx) then close the
-	// connection instead of waiting for an answer.
-	txCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
-	e := ender{conn: conn, abandon: abandon, bound: opts.FinishTimeout}
-	stopWatching := context.AfterFunc(ctx, abandon)
-	tx, err := e.begin(ctx, b, txCtx, opts.Tx)
+	// connection instead of waiting for an answer. endCtx, under which pgx
+	// commits or rolls back, ends only with the bound: a rollback after ctx
+	// ended during BEGIN is still waited for.
+	txCtx, abandonTx := context.WithCancel(context.WithoutCancel(ctx))
+	endCtx, abandonEnd := context.WithCancel(context.WithoutCancel(ctx))
+	e := ender{ctx: endCtx, abandon: func() { abandonTx(); abandonEnd() }, bound: opts.FinishTimeout}
+	stopWatching := context.AfterFunc(ctx, abandonTx)
+	tx, err := e.begin(ctx, d, txCtx, opts.txOptions())
 	inTime := stopWatching() // false: ctx ended during BEGIN
 	if errors.Is(err, ErrNoAnswer) {
-		return err // begin rolls back and releases once BEGIN returns
+		return err // begin rolls back once BEGIN returns
 	}
 	if err != nil {
-		e.release()
+		e.abandon()
 		if !inTime {
 			return errors.Join(context.Cause(ctx), err)
 		}
@@ -244,7 +211,7 @@ func once(ctx context.Context, b Beginner, opts Options, fn func(context.Context
 		// back already, and the deferred rollback waits for that.
 		return context.Cause(ctx)
 	}
-	if err := fn(contend.WithQuerier(ctx, tx), tx); err != nil {
+	if err := fn(tx.Context(ctx), tx); err != nil {
 		return err
 	}
 	if err := context.Cause(ctx); err != nil {
@@ -254,34 +221,34 @@ func once(ctx context.Context, b Beginner, opts Options, fn func(context.Context
 	return e.end("commit", tx.Commit)
 }
 
-// ender ends a transaction once begun: its COMMIT or ROLLBACK, then the
-// connection given back, within a bound kept by a timer.
+// ender ends a transaction once begun: its COMMIT or ROLLBACK, which gives
+// the connection back, within a bound kept by a timer.
 type ender struct {
-	conn    *sql.Conn // nil when the transaction was begun on the caller's handle
+	ctx     context.Context // of the COMMIT or ROLLBACK
 	abandon context.CancelFunc
 	bound   time.Duration
 }
 
 // begin runs BEGIN, watched like any statement of the guard's (see
 // [Watch]): when it is given up on, the transaction it may still begin is
-// rolled back and the connection released once it returns.
-func (e ender) begin(ctx context.Context, b Beginner, txCtx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+// rolled back once it returns.
+func (e ender) begin(ctx context.Context, d sqldb.DB, txCtx context.Context, opts sqldb.TxOptions) (sqldb.OwnTx, error) {
 	type begun struct {
-		tx  *sql.Tx
+		tx  sqldb.OwnTx
 		err error
 	}
 	done := make(chan begun, 1)
 	err := Watch(ctx, func() error {
-		tx, err := b.BeginTx(txCtx, opts)
+		tx, err := d.Begin(txCtx, opts)
 		done <- begun{tx, err}
 		return err
 	})
 	if errors.Is(err, ErrNoAnswer) {
 		go func() {
 			if r := <-done; r.tx != nil {
-				_ = r.tx.Rollback()
+				_ = r.tx.Rollback(e.ctx)
 			}
-			e.release()
+			e.abandon()
 		}()
 		return nil, err
 	}
@@ -289,23 +256,15 @@ func (e ender) begin(ctx context.Context, b Beginner, txCtx context.Context, opt
 	return r.tx, r.err
 }
 
-func (e ender) release() {
-	if e.conn != nil {
-		// The pool discards a connection the driver reported broken.
-		_ = e.conn.Close()
-	}
-	e.abandon()
-}
-
 // end runs call, tx.Commit or tx.Rollback, and waits for it at most e.bound.
-func (e ender) end(op string, call func() error) error {
+func (e ender) end(op string, call func(context.Context) error) error {
 	bound := e.bound
 	if bound <= 0 {
 		bound = DefaultFinishTimeout
 	}
 	return Within(op, bound, func() error {
-		err := call()
-		e.release()
+		err := call(e.ctx)
+		e.abandon()
 		return err
 	}, e.abandon)
 }

@@ -14,9 +14,10 @@ import (
 	"testing"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -54,7 +55,7 @@ func ProductsTable(ctx context.Context, db *sqlx.DB, stock int64, ids ...string)
 	if _, err := db.ExecContext(ctx, `CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL)`); err != nil {
 		return err
 	}
-	_, err := db.ExecContext(ctx, `INSERT INTO products (id, stock) SELECT unnest($1::text[]), $2`, pq.Array(ids), stock)
+	_, err := db.ExecContext(ctx, `INSERT INTO products (id, stock) SELECT unnest($1::text[]), $2`, sqlident.TextArray(ids), stock)
 	return err
 }
 
@@ -133,6 +134,19 @@ func Sell(db contend.DBTX) func(ctx context.Context, key string) error {
 	return func(ctx context.Context, key string) error {
 		return SellOn(ctx, contend.Querier(ctx, db), key)
 	}
+}
+
+// SellVia is [SellOn] on a querier of any driver (testserver.Querier).
+func SellVia(ctx context.Context, q sqldb.Querier, key string) error {
+	var n int64
+	if err := q.QueryRow(ctx, `SELECT stock FROM products WHERE id = $1`, key).Scan(&n); err != nil {
+		return err
+	}
+	if n < 1 {
+		return ErrSoldOut
+	}
+	_, err := q.Exec(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, key, n-1)
+	return err
 }
 
 // SellOn is Sell's read-check-write on q itself, whatever ctx carries.

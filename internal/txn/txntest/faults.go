@@ -12,6 +12,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/faultproxy"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/txn"
 )
@@ -31,7 +32,7 @@ const schemaSQL = `CREATE TABLE ` + Table + ` (
 // Fn is the guarded work: it adds 1 to key's n through q, when the guard
 // hands it a querier (nil when the guard writes itself, as a Store does),
 // then lets the fault strike.
-type Fn func(ctx context.Context, q contend.DBTX) error
+type Fn func(ctx context.Context, q sqldb.Querier) error
 
 // Op runs the subject once for key with fn as its work. A subject with a
 // function to run calls fn inside it; a single statement (atomic.Update)
@@ -41,7 +42,7 @@ type Op func(ctx context.Context, key string, fn Fn) error
 // A Subject is one SQL guard put through the faults.
 type Subject struct {
 	// New builds the guard on db, with finish as its FinishTimeout.
-	New func(t testing.TB, db *sqlx.DB, finish time.Duration) Op
+	New func(t testing.TB, db contend.DB, finish time.Duration) Op
 	// Transactional says fn's writes commit or roll back with the guard
 	// (all but the claimer, whose fn writes straight to the pool).
 	Transactional bool
@@ -62,8 +63,8 @@ const (
 )
 
 // Add adds 1 to key's n through q.
-func Add(ctx context.Context, q contend.DBTX, key string) error {
-	_, err := q.ExecContext(ctx, `UPDATE `+Table+` SET n = n + 1 WHERE id = $1`, key)
+func Add(ctx context.Context, q sqldb.Querier, key string) error {
+	_, err := q.Exec(ctx, `UPDATE `+Table+` SET n = n + 1 WHERE id = $1`, key)
 	return err
 }
 
@@ -90,8 +91,8 @@ func newRow(t *testing.T, direct *sqlx.DB) string {
 
 // addThen is the fn of the fault cases: it adds 1 to key's n through q (when
 // the guard hands it one), then lets fault strike.
-func addThen(key string, fault func(ctx context.Context, q contend.DBTX) error) Fn {
-	return func(ctx context.Context, q contend.DBTX) error {
+func addThen(key string, fault func(ctx context.Context, q sqldb.Querier) error) Fn {
+	return func(ctx context.Context, q sqldb.Querier) error {
 		if q != nil {
 			if err := Add(ctx, q, key); err != nil {
 				return err
@@ -107,7 +108,7 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 	direct := testserver.Open(t, driver, url)
 	key := newRow(t, direct)
 	proxy, proxied := Proxied(t, url)
-	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Open(t, driver, proxied), Finish), key: key}
+	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Handle(t, driver, proxied), Finish), key: key}
 	// Before the subject's own cleanup: a statement still waiting on a
 	// silent connection would hold it (closing a prepared statement waits).
 	t.Cleanup(proxy.Reset)
@@ -137,7 +138,7 @@ func Run(t *testing.T, s Subject) {
 	}
 	t.Run("network", func(t *testing.T) {
 		t.Parallel()
-		for _, driver := range testserver.Drivers {
+		for _, driver := range testserver.AllDrivers {
 			t.Run(driver, func(t *testing.T) {
 				t.Run("reset mid-transaction", func(t *testing.T) { reset(t, s, driver) })
 				t.Run("silence during commit", func(t *testing.T) { silence(t, s, driver) })
@@ -148,7 +149,7 @@ func Run(t *testing.T, s Subject) {
 	})
 	t.Run("process", func(t *testing.T) {
 		t.Parallel()
-		for _, driver := range testserver.Drivers {
+		for _, driver := range testserver.AllDrivers {
 			t.Run(driver, func(t *testing.T) {
 				t.Run("holder killed", func(t *testing.T) { killed(t, s, driver) })
 				t.Run("holder stopped", func(t *testing.T) { stopped(t, s, driver) })
@@ -158,7 +159,7 @@ func Run(t *testing.T, s Subject) {
 	t.Run("restart", func(t *testing.T) {
 		t.Parallel()
 		pg := testserver.OwnPostgres(t)
-		for _, driver := range testserver.Drivers {
+		for _, driver := range testserver.AllDrivers {
 			t.Run(driver, func(t *testing.T) { restarted(t, s, pg, driver) })
 		}
 	})
@@ -228,11 +229,11 @@ func requireFreeWithin(t *testing.T, sc scene, d time.Duration) time.Duration {
 
 // nextStatement is fn's statement after a fault, which meets it; without a
 // querier, the guard's own next statement does.
-func nextStatement(ctx context.Context, q contend.DBTX) error {
+func nextStatement(ctx context.Context, q sqldb.Querier) error {
 	if q == nil {
 		return nil
 	}
-	_, err := q.ExecContext(ctx, `SELECT 1`)
+	_, err := q.Exec(ctx, `SELECT 1`)
 	return err
 }
 
@@ -244,7 +245,7 @@ func reset(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(sc.key, func(ctx context.Context, q contend.DBTX) error {
+	o := run(t, ctx, sc, addThen(sc.key, func(ctx context.Context, q sqldb.Querier) error {
 		sc.proxy.Reset()
 		return nextStatement(ctx, q)
 	}), Bound)
@@ -272,7 +273,7 @@ func silence(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, contend.DBTX) error {
+	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, sqldb.Querier) error {
 		sc.proxy.Blackhole()
 		return nil
 	}), Bound)
@@ -296,7 +297,7 @@ func silentStart(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, contend.DBTX) error { return nil }), Bound)
+	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, sqldb.Querier) error { return nil }), Bound)
 	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
 	require.ErrorIs(t, o.err, context.DeadlineExceeded)
 	require.Less(t, o.took, Bound+Slack)
@@ -311,7 +312,7 @@ func latency(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	o := run(t, ctx, sc, func(ctx context.Context, q contend.DBTX) error {
+	o := run(t, ctx, sc, func(ctx context.Context, q sqldb.Querier) error {
 		if q != nil {
 			return Add(ctx, q, sc.key)
 		}

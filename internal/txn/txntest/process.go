@@ -13,6 +13,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/harness"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -31,11 +32,10 @@ func hold(t *testing.T, s Subject, orders string) {
 	f := strings.Fields(orders)
 	require.Len(t, f, 3)
 	driver, url, key := f[0], f[1], f[2]
-	db := testserver.Open(t, driver, url)
-	op := s.New(t, db, Finish)
+	op := s.New(t, testserver.Handle(t, driver, url), Finish)
 	ctx, cancel := context.WithTimeout(context.Background(), HolderDeadline)
 	defer cancel()
-	err := op(ctx, key, addThen(key, func(ctx context.Context, _ contend.DBTX) error {
+	err := op(ctx, key, addThen(key, func(ctx context.Context, _ sqldb.Querier) error {
 		fmt.Println("holding")
 		<-ctx.Done()
 		return context.Cause(ctx)
@@ -60,7 +60,11 @@ func holderScene(t *testing.T, s Subject, driver string) (scene, string) {
 	_, proxied := Proxied(t, url) // for its URL's settings; the proxy stays healthy
 	direct := testserver.Open(t, driver, url)
 	key := newRow(t, direct) // before New: the claimer prepares on the table
-	return scene{direct: direct, op: s.New(t, direct, Finish), key: key}, proxied
+	var h contend.DB = direct
+	if driver == testserver.PgxNative {
+		h = testserver.Handle(t, driver, url)
+	}
+	return scene{direct: direct, op: s.New(t, h, Finish), key: key}, proxied
 }
 
 // takeOver runs the subject for the key until it gets in, trying again after
@@ -69,7 +73,7 @@ func takeOver(t *testing.T, sc scene, limit time.Duration) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(t.Context(), limit)
 	defer cancel()
 	for {
-		err := sc.op(ctx, sc.key, func(ctx context.Context, q contend.DBTX) error {
+		err := sc.op(ctx, sc.key, func(ctx context.Context, q sqldb.Querier) error {
 			if q != nil {
 				return Add(ctx, q, sc.key)
 			}
@@ -149,11 +153,11 @@ func stopped(t *testing.T, s Subject, driver string) {
 func restarted(t *testing.T, s Subject, pg *testserver.OwnedPostgres, driver string) {
 	direct := testserver.Open(t, driver, pg.URL())
 	key := newRow(t, direct)
-	sc := scene{direct: direct, op: s.New(t, testserver.Open(t, driver, pg.URL()), Finish), key: key}
+	sc := scene{direct: direct, op: s.New(t, testserver.Handle(t, driver, pg.URL()), Finish), key: key}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(key, func(ctx context.Context, q contend.DBTX) error {
+	o := run(t, ctx, sc, addThen(key, func(ctx context.Context, q sqldb.Querier) error {
 		if err := pg.Restart(); err != nil {
 			return fmt.Errorf("restart: %w", err)
 		}

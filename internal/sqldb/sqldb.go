@@ -1,0 +1,210 @@
+// Package sqldb is the one interface the SQL strategies run statements
+// through, so that each strategy has one code path for every driver:
+// database/sql (lib/pq, pgx's stdlib driver, sqlx), implemented here, and pgx
+// native, implemented in package pgxdb, the only package of the module that
+// imports pgx. Its types are the standard library's, so a program that uses
+// database/sql only links no pgx.
+//
+// The model is River's driver packages (riverdriver, with riverpgxv5 and
+// riverdatabasesql beside it), cut down to what a guard does: run a
+// statement, read a row, begin, commit and roll back, and hand fn its
+// transaction through ctx.
+package sqldb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"reflect"
+
+	"github.com/contend/contend"
+)
+
+// Querier runs statements: a pool, a connection or a transaction.
+type Querier interface {
+	// Exec runs a statement and returns the number of rows it affected.
+	Exec(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
+	// QueryRow runs a query whose first row Scan reads; Scan returns an
+	// error matching [sql.ErrNoRows] when there is none (pgx's ErrNoRows
+	// wraps it).
+	QueryRow(ctx context.Context, query string, args ...any) Row
+	// Query runs a query and returns its rows.
+	Query(ctx context.Context, query string, args ...any) (Rows, error)
+}
+
+// Row is the answer of [Querier.QueryRow].
+type Row interface {
+	Scan(dest ...any) error
+}
+
+// Rows is the answer of [Querier.Query]. Close must be called.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close() error
+}
+
+// TxOptions are the options of [DB.Begin]; the zero value is the server's
+// defaults.
+type TxOptions struct {
+	Isolation sql.IsolationLevel
+	ReadOnly  bool
+}
+
+// Tx is a transaction a guard runs fn in: one it began, or the caller's.
+type Tx interface {
+	Querier
+	// Context returns ctx carrying the transaction for fn, where
+	// [contend.Querier] (database/sql) or pgxdb.Querier (pgx) finds it.
+	Context(ctx context.Context) context.Context
+	// DBTX returns the transaction as database/sql's handle, the tx a
+	// fn(ctx, tx contend.DBTX) is given; nil under pgx.
+	DBTX() contend.DBTX
+}
+
+// OwnTx is a transaction a guard began and must end.
+type OwnTx interface {
+	Tx
+	// Commit and Rollback end the transaction and give its connection back
+	// to the pool. Cancelling ctx abandons the call: a driver that watches
+	// ctx closes the connection instead of waiting for the server.
+	Commit(ctx context.Context) error
+	Rollback(ctx context.Context) error
+}
+
+// Conn is a connection held for a few statements in a row.
+type Conn interface {
+	Querier
+	// Release gives the connection back. A connection a statement may still
+	// be running on must be released on a goroutine of its own: Release may
+	// wait for it.
+	Release()
+}
+
+// Stmt is a statement prepared once and run many times.
+type Stmt interface {
+	// Exec and QueryRow run the statement in tx, or, when tx is nil, on the
+	// handle it was prepared on.
+	Exec(ctx context.Context, tx Tx, args ...any) (int64, error)
+	QueryRow(ctx context.Context, tx Tx, args ...any) Row
+	Close() error
+}
+
+// DB is a caller's handle, classified: a pool the guard begins transactions
+// on, or a transaction the caller owns.
+type DB interface {
+	Querier
+	// Tx returns the caller's transaction that the handle is, or nil when
+	// it is a pool.
+	Tx() Tx
+	// Outer returns the transaction of this driver that ctx carries (the
+	// fn of another SQL guard, or [contend.WithQuerier]), or nil when it
+	// carries none. A transaction of another driver, or a querier of
+	// unknown kind, gives an error matching [contend.ErrInvalid]: it cannot
+	// be joined, and not joining it could wait for a lock its own goroutine
+	// holds.
+	Outer(ctx context.Context) (Tx, error)
+	// Begin begins a transaction on a pool, on a connection of its own
+	// that Commit and Rollback give back.
+	Begin(ctx context.Context, opts TxOptions) (OwnTx, error)
+	// Acquire returns one connection of a pool for a few statements in a
+	// row; a handle that is one connection already returns itself.
+	Acquire(ctx context.Context) (Conn, error)
+	// Prepare prepares query on the handle. Drivers that cache prepared
+	// statements by themselves (pgx) only keep the text.
+	Prepare(ctx context.Context, query string) (Stmt, error)
+}
+
+// Wrapped is a handle of another driver, made by that driver's package
+// (pgxdb.Wrap), that [Open] accepts.
+type Wrapped interface {
+	// ContendDB returns the handle classified, or an error matching
+	// [contend.ErrInvalid] when the wrapped value was not a handle the
+	// driver knows.
+	ContendDB() (DB, error)
+}
+
+// Open classifies db, a [contend.DB]: a database/sql handle or a [Wrapped]
+// one. nil, typed nils and anything else give an error matching
+// [contend.ErrInvalid]; so does a database/sql handle with only
+// [contend.DBTX]'s methods, which might be a pool or a transaction.
+func Open(db contend.DB) (DB, error) {
+	if IsNil(db) {
+		return nil, fmt.Errorf("nil db: %w", contend.ErrInvalid)
+	}
+	switch h := db.(type) {
+	case Wrapped:
+		return h.ContendDB()
+	case contend.DBTX:
+		return openStd(h)
+	}
+	return nil, fmt.Errorf("db is a %T: pass a database/sql handle (*sql.DB, *sql.Conn, *sql.Tx, sqlx's DB or Tx) "+
+		"or a pgx handle wrapped by pgxdb.Wrap: %w", db, contend.ErrInvalid)
+}
+
+// IsNil reports whether db is nil or a typed nil, such as a nil [*sql.DB].
+func IsNil(db any) bool {
+	if db == nil {
+		return true
+	}
+	switch v := reflect.ValueOf(db); v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
+}
+
+// Exec runs query on db once, with no transaction of its own: the single
+// statement of atomic.Update. It skips [Open]'s classification, which a
+// statement does not need, so it costs nothing per call on either driver.
+func Exec(ctx context.Context, db contend.DB, query string, args ...any) (int64, error) {
+	q, err := Statements(db)
+	if err != nil {
+		return 0, err
+	}
+	return q.Exec(ctx, query, args...)
+}
+
+// Statements returns db as a [Querier] for statements run outside any
+// transaction of the library's, without classifying it as a pool or a
+// transaction: either will do for one statement.
+func Statements(db contend.DB) (Querier, error) {
+	switch h := db.(type) {
+	case Wrapped:
+		d, err := h.ContendDB()
+		if err != nil {
+			return nil, err
+		}
+		return d, nil
+	case contend.DBTX:
+		if IsNil(h) {
+			break
+		}
+		return stdQuerier{h}, nil
+	}
+	return Open(db) // for its error
+}
+
+type txKey struct{}
+
+// WithTx returns ctx carrying tx, a transaction of a driver other than
+// database/sql (whose transactions travel with [contend.WithQuerier]), for
+// that driver's package to find with [TxFrom].
+func WithTx(ctx context.Context, tx any) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
+// TxFrom returns what [WithTx] put in ctx, or nil.
+func TxFrom(ctx context.Context) any { return ctx.Value(txKey{}) }
+
+// ErrOtherDriver is the error of a guard called inside a transaction of
+// another driver than its own.
+func ErrOtherDriver(mine, carried string) error {
+	return fmt.Errorf("ctx carries a %s transaction and this handle is %s: guards on different drivers cannot "+
+		"share a transaction, and nesting them could wait for a lock the caller holds: %w", carried, mine, contend.ErrInvalid)
+}
+
+// NoRows reports whether err says a query returned no row.
+func NoRows(err error) bool { return errors.Is(err, sql.ErrNoRows) }

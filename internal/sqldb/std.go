@@ -1,0 +1,247 @@
+package sqldb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/contend/contend"
+)
+
+// Beginner is a database/sql handle that can begin transactions:
+// [*sql.DB], [*sql.Conn], sqlx's DB and Conn, and any wrapper of the
+// caller's with the same BeginTx.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// conner is a pool that hands out connections of its own: [*sql.DB] and
+// sqlx's DB.
+type conner interface {
+	Conn(ctx context.Context) (*sql.Conn, error)
+}
+
+type preparer interface {
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+// openStd classifies a database/sql handle: a transaction ([*sql.Tx],
+// sqlx's Tx), run in and never committed, or a pool (anything with
+// [Beginner]'s BeginTx), on which transactions are begun. Nothing else is
+// guessed at: a wrapper with only [contend.DBTX]'s methods might be either,
+// and taken for a transaction its statements would run in autocommit, a
+// lock ending with the statement that took it.
+func openStd(db contend.DBTX) (DB, error) {
+	switch h := db.(type) {
+	case *sql.Tx, *sqlx.Tx:
+		return stdDB{stdQuerier{h}, &stdTx{stdQuerier{h}}}, nil
+	case Beginner:
+		return stdDB{stdQuerier: stdQuerier{db}}, nil
+	}
+	return nil, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
+		"or anything with BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error) to begin a transaction per call, or a *sql.Tx "+
+		"or sqlx's Tx to run inside yours: %w", db, contend.ErrInvalid)
+}
+
+type stdQuerier struct{ db contend.DBTX }
+
+func (q stdQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := q.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (q stdQuerier) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return q.db.QueryRowContext(ctx, query, args...)
+}
+
+func (q stdQuerier) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	r, err := q.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// stdDB is a database/sql handle: a pool when tx is nil.
+type stdDB struct {
+	stdQuerier
+	tx *stdTx
+}
+
+func (d stdDB) Tx() Tx {
+	if d.tx == nil {
+		return nil
+	}
+	return d.tx
+}
+
+func (d stdDB) Outer(ctx context.Context) (Tx, error) {
+	if TxFrom(ctx) != nil {
+		return nil, ErrOtherDriver("database/sql", "pgx")
+	}
+	q := contend.Querier(ctx, nil)
+	if q == nil {
+		return nil, nil
+	}
+	h, err := openStd(q)
+	if err != nil {
+		return nil, fmt.Errorf("the querier ctx carries: %w", err)
+	}
+	// A pool put in ctx with contend.WithQuerier has no transaction to join.
+	return h.Tx(), nil
+}
+
+// Begin begins on a connection of its own when the handle is a pool of
+// them, so that Commit and Rollback can close it: the pool then discards
+// it if the driver reported it broken.
+//
+// database/sql rolls back a transaction whose ctx ends on a goroutine of
+// its own and lets the caller go on at once, before the server has let go
+// of the transaction's locks; callers (txn) therefore begin on a ctx that
+// the caller's end does not cancel, and roll back themselves.
+func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
+	b, ok := d.db.(Beginner)
+	if !ok || d.tx != nil {
+		return nil, fmt.Errorf("begin on a transaction: %w", contend.ErrInvalid)
+	}
+	var conn *sql.Conn
+	if p, ok := b.(conner); ok {
+		c, err := p.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		conn, b = c, c
+	}
+	var o *sql.TxOptions
+	if opts != (TxOptions{}) {
+		o = &sql.TxOptions{Isolation: opts.Isolation, ReadOnly: opts.ReadOnly}
+	}
+	tx, err := b.BeginTx(ctx, o)
+	if err != nil {
+		if conn != nil {
+			_ = conn.Close()
+		}
+		return nil, err
+	}
+	return &stdOwnTx{stdTx: stdTx{stdQuerier{tx}}, tx: tx, conn: conn}, nil
+}
+
+func (d stdDB) Acquire(ctx context.Context) (Conn, error) {
+	p, ok := d.db.(conner)
+	if !ok {
+		return stdConn{stdQuerier: d.stdQuerier}, nil
+	}
+	c, err := p.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return stdConn{stdQuerier{c}, c}, nil
+}
+
+func (d stdDB) Prepare(ctx context.Context, query string) (Stmt, error) {
+	p, ok := d.db.(preparer)
+	if !ok {
+		return nil, fmt.Errorf("a %T cannot prepare statements: %w", d.db, contend.ErrInvalid)
+	}
+	s, err := p.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return stdStmt{s}, nil
+}
+
+type stdConn struct {
+	stdQuerier
+	c *sql.Conn // nil: the handle itself, not the library's to give back
+}
+
+func (c stdConn) Release() {
+	if c.c != nil {
+		_ = c.c.Close()
+	}
+}
+
+// stdTx is a database/sql transaction: a *sql.Tx or sqlx's Tx.
+type stdTx struct{ stdQuerier }
+
+func (t *stdTx) Context(ctx context.Context) context.Context {
+	return contend.WithQuerier(ctx, t.db)
+}
+
+func (t *stdTx) DBTX() contend.DBTX { return t.db }
+
+type stdOwnTx struct {
+	stdTx
+	tx   *sql.Tx
+	conn *sql.Conn // nil when begun on the caller's connection
+}
+
+// Commit ignores ctx: database/sql ends a transaction under the ctx it
+// was begun with.
+func (t *stdOwnTx) Commit(context.Context) error {
+	err := t.tx.Commit()
+	t.release()
+	return err
+}
+
+func (t *stdOwnTx) Rollback(context.Context) error {
+	err := t.tx.Rollback()
+	t.release()
+	return err
+}
+
+func (t *stdOwnTx) release() {
+	if t.conn != nil {
+		// The pool discards a connection the driver reported broken.
+		_ = t.conn.Close()
+	}
+}
+
+type stdStmt struct{ s *sql.Stmt }
+
+// in returns s as it runs in tx: a statement prepared on the pool runs in
+// a transaction through StmtContext.
+func (s stdStmt) in(ctx context.Context, tx Tx) (*sql.Stmt, error) {
+	if tx == nil {
+		return s.s, nil
+	}
+	t, ok := tx.DBTX().(interface {
+		StmtContext(ctx context.Context, s *sql.Stmt) *sql.Stmt
+	})
+	if !ok {
+		return nil, fmt.Errorf("the transaction is a %T, which cannot run prepared statements: %w", tx.DBTX(), contend.ErrInvalid)
+	}
+	return t.StmtContext(ctx, s.s), nil
+}
+
+func (s stdStmt) Exec(ctx context.Context, tx Tx, args ...any) (int64, error) {
+	st, err := s.in(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	res, err := st.ExecContext(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (s stdStmt) QueryRow(ctx context.Context, tx Tx, args ...any) Row {
+	st, err := s.in(ctx, tx)
+	if err != nil {
+		return errRow{err}
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+func (s stdStmt) Close() error { return s.s.Close() }
+
+// errRow is a Row whose Scan reports err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }

@@ -1,0 +1,134 @@
+package testserver
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/pgxdb"
+)
+
+// PgxNative names the third driver the SQL strategies support: pgx's native
+// interface, a *pgxpool.Pool wrapped by pgxdb.Wrap. It is no database/sql
+// driver: [Open] gives a test's own statements on it the pgx stdlib driver,
+// and [Handle] gives the subject the native pool.
+const PgxNative = "pgx-native"
+
+// AllDrivers lists every driver the SQL strategies support: [Drivers] and
+// [PgxNative]. Tests that build a subject with [Handle] run against each.
+var AllDrivers = []string{"postgres", "pgx", PgxNative}
+
+// sqlDriver returns the database/sql driver for a test's own statements
+// under driver.
+func sqlDriver(driver string) string {
+	if driver == PgxNative {
+		return "pgx"
+	}
+	return driver
+}
+
+// Native is a wrapped pgx pool that still knows its pool, so that a test's
+// fn can ask [pgxdb.Querier] for the guard's transaction, as an
+// application would with the pool it keeps.
+type Native struct {
+	sqldb.Wrapped
+	Pool *pgxpool.Pool
+}
+
+// Handle opens url through driver, at most [MaxConns] connections, and
+// returns what a subject is built on: the *sqlx.DB [Open] returns, or under
+// [PgxNative] a [Native] pool. It is closed when t ends.
+func Handle(t testing.TB, driver, url string) contend.DB {
+	t.Helper()
+	if driver != PgxNative {
+		return Open(t, driver, url)
+	}
+	return OpenNative(t, url)
+}
+
+// OpenNative opens a pgx pool on url, at most [MaxConns] connections,
+// wrapped for the strategies; it is closed when t ends.
+func OpenNative(t testing.TB, url string) Native {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = MaxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pool.Ping(context.Background()); err != nil {
+		t.Fatalf("testserver: connect %s: %v", PgxNative, err)
+	}
+	return Native{pgxdb.Wrap(pool).(sqldb.Wrapped), pool}
+}
+
+// Querier returns the querier a guard's fn runs its statements on, for a
+// subject built on db: [contend.Querier] on a database/sql handle,
+// [pgxdb.Querier] on a [Native] one, behind one interface so that one fn
+// body serves every driver.
+func Querier(ctx context.Context, db contend.DB) sqldb.Querier {
+	switch h := db.(type) {
+	case Native:
+		return pgxQuerier{pgxdb.Querier(ctx, h.Pool)}
+	case contend.DBTX:
+		return stdQuerier{contend.Querier(ctx, h)}
+	}
+	panic(fmt.Sprintf("testserver: Querier of a %T", db))
+}
+
+type pgxQuerier struct{ h pgxdb.Handle }
+
+func (q pgxQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	tag, err := q.h.Exec(ctx, query, args...)
+	return tag.RowsAffected(), err
+}
+
+func (q pgxQuerier) QueryRow(ctx context.Context, query string, args ...any) sqldb.Row {
+	return q.h.QueryRow(ctx, query, args...)
+}
+
+func (q pgxQuerier) Query(ctx context.Context, query string, args ...any) (sqldb.Rows, error) {
+	r, err := q.h.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgxRows{r}, nil
+}
+
+type pgxRows struct{ pgx.Rows }
+
+func (r pgxRows) Close() error {
+	r.Rows.Close()
+	return r.Rows.Err()
+}
+
+type stdQuerier struct{ db contend.DBTX }
+
+func (q stdQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := q.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (q stdQuerier) QueryRow(ctx context.Context, query string, args ...any) sqldb.Row {
+	return q.db.QueryRowContext(ctx, query, args...)
+}
+
+func (q stdQuerier) Query(ctx context.Context, query string, args ...any) (sqldb.Rows, error) {
+	r, err := q.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
