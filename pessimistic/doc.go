@@ -95,9 +95,10 @@
 // row is [contend.ErrNotFound], never a lost race: "no such product" is not
 // "sold out". PostgreSQL reports NOWAIT and lock_timeout with one code
 // (55P03), and a client's cancel and statement_timeout with another (57014),
-// so they are told apart by what was sent and by checking ctx first: an ended
-// ctx gives ctx's error, whatever the server said; a statement_timeout is a
-// backend error. The server's own error stays reachable with [errors.As].
+// so they are told apart by what was sent and by checking ctx first: a wait
+// that ctx ended gives an error matching both [contend.ErrConflict] (the lock
+// was not had) and ctx's error, whatever the server said, as distlock's waits
+// do; a statement_timeout is a backend error. The server's own error stays reachable with [errors.As].
 //
 // # Limits
 //

@@ -210,8 +210,10 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 // running fn, when key has no row; one matching [contend.ErrConflict] when the
 // lock was not had (the row is held under NoWait or SkipLocked, the lock
 // timeout passed, or a deadlock or serialization failure outlasted the retries
-// or happened in a caller's transaction); ctx's error when ctx ended first;
-// or the backend's error.
+// or happened in a caller's transaction); an error matching both
+// [contend.ErrConflict] and ctx's error when ctx ended while the lock was
+// awaited; ctx's error when ctx ended before or after; or the backend's
+// error.
 //
 // Under a pgx handle (see package pgxdb) tx is nil: fn reaches the
 // guard's pgx.Tx with pgxdb.Querier.

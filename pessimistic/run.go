@@ -154,7 +154,8 @@ func (r *runner) lock(ctx context.Context, tx sqldb.Tx, owned bool, lock func(co
 // PostgreSQL reports NOWAIT and lock_timeout alike (55P03), and a client's
 // cancel and statement_timeout alike (57014), so the code alone cannot say
 // whether the race was lost or the caller gave up: ctx is checked first (an
-// ended ctx is the caller giving up, whatever the server said), and a 55P03
+// ended ctx is the caller giving up, whatever the server said: the error
+// then matches both ctx's error and [contend.ErrConflict]), and a 55P03
 // is then a lost race because this locker sent NOWAIT or a lock timeout (or
 // the server has a lock_timeout of its own configured). A 57014 with ctx alive
 // is a statement_timeout: a backend error, not a lost race.
@@ -165,10 +166,13 @@ func (r *runner) classify(ctx context.Context, what func() string, err error) er
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
 	if cerr := context.Cause(ctx); cerr != nil {
+		// The lock was still not had when the caller gave up: a lost race,
+		// as distlock reports a wait that ctx ended, and the caller's own
+		// error, so that either test matches.
 		if errors.Is(err, cerr) {
-			return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
+			return fmt.Errorf("pessimistic: lock %s: waited until ctx ended: %w (%w)", what(), contend.ErrConflict, err)
 		}
-		return fmt.Errorf("pessimistic: lock %s: %w (%w)", what(), cerr, err)
+		return fmt.Errorf("pessimistic: lock %s: waited until ctx ended: %w (%w: %w)", what(), contend.ErrConflict, cerr, err)
 	}
 	var why string
 	switch sqlerr.Code(err) {

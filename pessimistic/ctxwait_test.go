@@ -1,0 +1,74 @@
+package pessimistic_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/pessimistic"
+)
+
+// A wait for a held lock that ctx ends is a lost race and the caller's own
+// giving up, both: the error matches contend.ErrConflict and ctx's error,
+// deadline or cancel, as distlock's waits do, on every driver, for row and
+// advisory locks alike.
+func TestWaitEndedByCtxIsConflictAndCtxError(t *testing.T) {
+	for _, driver := range testserver.AllDrivers {
+		t.Run(driver, func(t *testing.T) {
+			t.Parallel()
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, driver, url)
+			h := testserver.Handle(t, driver, url)
+			products(t, db, 1, "p")
+			_, pid := hold(t, db, "p")
+			l := newLocker(t, h, pessimistic.Config{})
+			key := testserver.RandomName("wait:")
+			a, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{})
+			require.NoError(t, err)
+			holder, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{})
+			require.NoError(t, err)
+			fnRan := errors.New("fn ran")
+
+			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+			defer cancel()
+			err = l.Do(ctx, "p", func(context.Context) error { return fnRan })
+			require.ErrorIs(t, err, contend.ErrConflict)
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+			require.NotErrorIs(t, err, fnRan)
+
+			ctx, cancel = context.WithCancel(t.Context())
+			errc := make(chan error, 1)
+			go func() { errc <- l.Do(ctx, "p", func(context.Context) error { return fnRan }) }()
+			waitBlocked(t, db, pid, 1)
+			cancel()
+			err = <-errc
+			require.ErrorIs(t, err, contend.ErrConflict)
+			require.ErrorIs(t, err, context.Canceled)
+
+			// The deadlines leave room for a new connection: pgx closes one
+			// whose statement ctx cut short, and a ctx that ends while the
+			// pool dials ends before any wait (the last case below).
+			require.NoError(t, holder.Do(t.Context(), key, func(context.Context) error {
+				ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+				defer cancel()
+				err := a.Do(ctx, key, func(context.Context) error { return fnRan })
+				require.ErrorIs(t, err, contend.ErrConflict)
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				return nil
+			}))
+
+			// A ctx that ended before the call is the caller's error only:
+			// nothing was waited for.
+			done, cancel := context.WithCancel(t.Context())
+			cancel()
+			err = l.Do(done, "p", func(context.Context) error { return fnRan })
+			require.ErrorIs(t, err, context.Canceled)
+			require.NotErrorIs(t, err, contend.ErrConflict)
+		})
+	}
+}
