@@ -175,3 +175,21 @@ func TestThroughputExcludesTheDrain(t *testing.T) {
 	require.Equal(t, quick+goroutines, r.Successes, "the drained operations count as successes")
 	require.Equal(t, float64(quick)/window.Seconds(), r.Throughput, "only those that ended in the window count in ops/s")
 }
+
+// lost % never rounds a few wins or a few losses away.
+func TestLostShare(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		ok, lost int
+		want     string
+	}{
+		{0, 0, "-"},
+		{10, 0, "0.0%"},
+		{1, 3, "75.0%"},
+		{1, 3413, ">99.9%"},
+		{0, 3414, "100.0%"},
+		{3413, 1, "<0.1%"},
+	} {
+		require.Equal(t, tc.want, lostShare(row{Successes: tc.ok, Conflicts: tc.lost}), "%d ok, %d lost", tc.ok, tc.lost)
+	}
+}

@@ -141,7 +141,15 @@ func lostShare(r row) string {
 	if ops == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.1f%%", 100*float64(r.Conflicts)/float64(ops))
+	pct := 100 * float64(r.Conflicts) / float64(ops)
+	// Rounded, one win in thousands would read as none, and the reverse.
+	switch {
+	case r.Successes > 0 && pct > 99.95:
+		return ">99.9%"
+	case r.Conflicts > 0 && pct < 0.05:
+		return "<0.1%"
+	}
+	return fmt.Sprintf("%.1f%%", pct)
 }
 
 var columns = []string{"workload", "keys", "workers", "strategy", "ops/s", "×raw", "ok", "lost", "lost %", "retries/ok", "p50 ms", "p99 ms", "max ms", "invariant"}
