@@ -196,11 +196,7 @@ func (c *Client) Close(ctx context.Context) error {
 	return nil
 }
 
-func (c *Client) observe(e Event) {
-	if c.cfg.Observe != nil {
-		c.cfg.Observe(e)
-	}
-}
+func (c *Client) observer() contend.Observer { return c.cfg.Observer }
 
 func (c *Client) isClosed() bool { return c.closed.Load() }
 
@@ -229,12 +225,12 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 		}
 		if w != nil || busy {
-			return c.wait(ctx, key, keys, tok, ttl, w)
+			return c.wait(ctx, key, keys, tok, ttl, w, 0)
 		}
 	}
 	l, err := c.take(ctx, key, keys, tok, ttl)
 	if l == nil && err == nil && wait {
-		return c.wait(ctx, key, keys, tok, ttl, nil)
+		return c.wait(ctx, key, keys, tok, ttl, nil, 1)
 	}
 	switch {
 	case err != nil:
@@ -244,16 +240,19 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		if cause := ctxErr(ctx); wait && cause != nil {
 			// Obtain's ctx ended before it had the lock: a wait cut short,
 			// whether or not it had begun.
-			c.observe(Event{Kind: EventGaveUp, Key: key, Err: cause})
-			return nil, fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
+			err := fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
+			reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, time.Time{}, 1, err)
+			return nil, err
 		}
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	case l == nil:
-		c.observe(Event{Kind: EventBusy, Key: key})
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
+		err := fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
+		reportMiss(ctx, c.cfg.Observer, contend.EventConflict, key, time.Time{}, 1, err)
+		return nil, err
 	}
 	c.setHolder(key, tok, l.ValidUntil())
-	c.observe(Event{Kind: EventObtained, Key: key, Fence: l.fence})
+	// The take's attempt began when the call did, give or take the checks.
+	l.reportObtained(ctx, l.ValidUntil().Add(-(ttl - c.margin(ttl))), 1)
 	return l, nil
 }
 

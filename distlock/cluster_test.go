@@ -68,11 +68,11 @@ func TestClusterFailoverWhileHeld(t *testing.T) {
 	cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3, Replicas: 1, NodeTimeout: time.Second})
 	ctx := t.Context()
 	var refreshFailed atomic.Int32
-	c := newClient(t, cl.Client, distlock.Config{Observe: func(e distlock.Event) {
-		if e.Kind == distlock.EventRefreshFailed {
+	c := newClient(t, cl.Client, distlock.Config{Observer: contend.ObserverFunc(func(_ context.Context, e contend.Event) {
+		if e.Kind == contend.EventFailed {
 			refreshFailed.Add(1)
 		}
-	}})
+	})})
 	other := newClient(t, cl.Client, distlock.Config{})
 
 	// Two keys on one master, so that one crash takes both; a failover

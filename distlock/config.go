@@ -51,10 +51,13 @@ type Config struct {
 	// capped at Recheck. Its MaxAttempts is ignored: waits end with ctx or
 	// MaxWait. Default: contend.Retry's defaults, MaxDelay at most Recheck.
 	Backoff contend.Retry
-	// Observe, when set, is called with every [Event]: obtains, wait times,
-	// refresh failures, losses. It runs on the caller's or the watchdog's
-	// goroutine and must not block. Default: nil, no events.
-	Observe func(Event)
+	// Observer, when set, hears what the client's locks do: obtains with
+	// their wait, attempts and fencing token, keys found held, waits given
+	// up, refreshes and releases that failed, holds released or lost with
+	// how long they lasted ([contend.EventKind] lists when each is
+	// reported). It runs on the caller's or the watchdog's goroutine and
+	// must not block. Default: nil, no events, at no cost.
+	Observer contend.Observer
 }
 
 // Defaults of [Config].

@@ -158,6 +158,18 @@
 // sends, or when its slot map is a minute old; so after a failed call the
 // Client asks it to read the map again.
 //
+// # Observing
+//
+// [Config.Observer] (and [QuorumConfig.Observer]) hears, as a
+// [contend.Event] of strategy "distlock", every lock obtained, with its
+// wait, attempts and fencing token; every key found held by a single
+// attempt (conflict); every wait given up; every refresh or release that
+// did not reach Redis (failed); and the end of every hold, released or lost,
+// with how long it lasted: once, unless its release failed and was not
+// tried again. [contend.SlogObserver] logs them; examples/otelobserve turns them
+// into OpenTelemetry metrics and spans. Without an Observer nothing is
+// measured for it.
+//
 // # When not to use it
 //
 // When the rule fits the database, use the database: a conditional UPDATE

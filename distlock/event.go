@@ -1,67 +1,69 @@
 package distlock
 
 import (
-	"strconv"
+	"context"
 	"time"
+
+	"github.com/contend/contend"
 )
 
-// An EventKind says what an [Event] reports.
-type EventKind int
+// What a Client or Quorum reports to Config.Observer, and when, is listed at
+// [contend.EventKind]. Every report is behind a nil check of the Observer:
+// without one, no event is built and no clock is read for it.
 
-// The events a [Client] or [Quorum] reports through Config.Observe.
-const (
-	// EventObtained: a lock was obtained. Event.Waited is how long it took,
-	// first attempt included; Event.Fence is its fencing token.
-	EventObtained EventKind = iota + 1
-	// EventBusy: a single attempt found the key held (TryObtain, or Do with
-	// FailFast).
-	EventBusy
-	// EventGaveUp: a wait ended without the lock, because ctx ended, MaxWait
-	// passed or the client was closed; Event.Err says which.
-	EventGaveUp
-	// EventRefreshFailed: a refresh did not reach Redis (Event.Err). The
-	// lock may still be held; the watchdog tries again while it is valid.
-	EventRefreshFailed
-	// EventLost: the holder learnt that it no longer holds the lock
-	// (Event.Err says how): a refresh found another token or none, its
-	// validity passed without a successful refresh, or the release found it
-	// gone. Work done under it may have overlapped another holder's.
-	EventLost
-	// EventReleased: a holder released its lock, or handed it to the next
-	// waiter.
-	EventReleased
-)
+// strategy is the Strategy of distlock's events.
+const strategy = "distlock"
 
-func (k EventKind) String() string {
-	switch k {
-	case EventObtained:
-		return "obtained"
-	case EventBusy:
-		return "busy"
-	case EventGaveUp:
-		return "gave-up"
-	case EventRefreshFailed:
-		return "refresh-failed"
-	case EventLost:
-		return "lost"
-	case EventReleased:
-		return "released"
-	}
-	return "EventKind(" + strconv.Itoa(int(k)) + ")"
+// holdReport is what a Lock keeps, when its owner has an Observer, to
+// report the end of its hold.
+type holdReport struct {
+	at       time.Time     // when the lock was obtained, by this process's clock
+	wait     time.Duration // how long obtaining it took
+	attempts int
 }
 
-// An Event is what the lock reports to Config.Observe: obtain attempts, wait
-// times, refresh failures and losses, for metrics and logs.
-type Event struct {
-	Kind EventKind
-	// Key is the caller's key, without the prefix.
-	Key string
-	// Fence is the lock's fencing token, where one is known (0 in quorum
-	// mode).
-	Fence int64
-	// Waited is how long obtaining took, or how long a wait lasted before
-	// giving up.
-	Waited time.Duration
-	// Err is the reason for EventGaveUp, EventRefreshFailed and EventLost.
-	Err error
+// reportObtained reports that l was obtained by a call that began at began
+// and made attempts, and keeps what the report of its hold's end needs.
+func (l *Lock) reportObtained(ctx context.Context, began time.Time, attempts int) {
+	o := l.owner.observer()
+	if o == nil {
+		return
+	}
+	now := time.Now()
+	l.report = holdReport{at: now, wait: now.Sub(began), attempts: attempts}
+	o.Observe(ctx, contend.Event{
+		Kind: contend.EventObtained, Strategy: strategy, Key: l.key,
+		Wait: l.report.wait, Attempts: attempts, Fence: l.fence,
+	})
+}
+
+// reportHold reports an event of l's hold: its end (released or lost), or
+// a failure (Err) while it lasts.
+func (l *Lock) reportHold(ctx context.Context, kind contend.EventKind, err error) {
+	o := l.owner.observer()
+	if o == nil {
+		return
+	}
+	e := contend.Event{
+		Kind: kind, Strategy: strategy, Key: l.key,
+		Wait: l.report.wait, Attempts: l.report.attempts, Fence: l.fence, Err: err,
+	}
+	if kind == contend.EventReleased || kind == contend.EventLost {
+		e.Hold = time.Since(l.report.at)
+	}
+	o.Observe(ctx, e)
+}
+
+// reportMiss reports a call for key that began at began (zero when
+// unknown), made attempts, and ended without the lock, returning err: a
+// conflict or a wait given up.
+func reportMiss(ctx context.Context, o contend.Observer, kind contend.EventKind, key string, began time.Time, attempts int, err error) {
+	if o == nil {
+		return
+	}
+	e := contend.Event{Kind: kind, Strategy: strategy, Key: key, Attempts: attempts, Err: err}
+	if !began.IsZero() {
+		e.Wait = time.Since(began)
+	}
+	o.Observe(ctx, e)
 }

@@ -39,13 +39,13 @@ func TestHolderStalledPastItsTTL(t *testing.T) {
 	t.Parallel()
 	write := ledger(t)
 	rdb, prefix := testserver.Redis(t)
-	lost := make(chan distlock.Event, 1)
+	lost := make(chan contend.Event, 1)
 	stalled, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond,
-		Observe: func(e distlock.Event) {
-			if e.Kind == distlock.EventLost {
+		Observer: contend.ObserverFunc(func(_ context.Context, e contend.Event) {
+			if e.Kind == contend.EventLost {
 				lost <- e
 			}
-		}})
+		})})
 	other := newClient(t, rdb, distlock.Config{Prefix: prefix, TTL: 5 * time.Second, Recheck: 50 * time.Millisecond})
 
 	var cause, otherErr error
@@ -56,7 +56,7 @@ func TestHolderStalledPastItsTTL(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)
-			// Observe hears of it when fn does, not when Do returns.
+			// The Observer hears of it when fn does, not when Do returns.
 			select {
 			case e := <-lost:
 				if !errors.Is(e.Err, contend.ErrLockLost) {
@@ -215,26 +215,26 @@ func TestNoGoroutineLeftBehind(t *testing.T) {
 }
 
 // A holder whose Redis is down (every refresh refused at once) loses the
-// lock when its validity passes, by the watchdog's timer, and Observe hears
+// lock when its validity passes, by the watchdog's timer, and the Observer hears
 // of it then, while fn still runs: not only of the refreshes that failed.
 func TestLossIsObservedWhenRedisIsDown(t *testing.T) {
 	t.Parallel()
 	srv := testserver.OwnRedis(t)
 	rdb := srv.Client(t)
-	events := make(chan distlock.Event, 64)
-	c := newClient(t, rdb, distlock.Config{TTL: 300 * time.Millisecond, Observe: func(e distlock.Event) {
+	events := make(chan contend.Event, 64)
+	c := newClient(t, rdb, distlock.Config{TTL: 300 * time.Millisecond, Observer: contend.ObserverFunc(func(_ context.Context, e contend.Event) {
 		select {
 		case events <- e:
 		default:
 		}
-	}})
+	})})
 	err := c.Do(t.Context(), "job", func(ctx context.Context) error {
 		require.NoError(t, srv.Stop())
 		<-ctx.Done()
 		for {
 			select {
 			case e := <-events:
-				if e.Kind == distlock.EventLost {
+				if e.Kind == contend.EventLost {
 					if !errors.Is(e.Err, contend.ErrLockLost) {
 						return fmt.Errorf("EventLost with %v", e.Err)
 					}

@@ -24,7 +24,8 @@ type lockOwner interface {
 	// margin is taken off a lease of ttl for the validity deadline: the
 	// clock drift allowance of a quorum, zero on one node.
 	margin(ttl time.Duration) time.Duration
-	observe(Event)
+	// observer is the Observer of the owner's configuration, or nil.
+	observer() contend.Observer
 	// holdTimers runs the watchdogs of the owner's holds.
 	holdTimers() *keepalive.Timers
 	// releaseContext is the context of a release: ctx's values, without
@@ -54,6 +55,9 @@ type Lock struct {
 	taken bool // obtained by a Client's take, with nobody queued
 
 	valid atomic.Pointer[time.Time] // only ever moved later
+
+	report       holdReport  // set before the lock is returned, when observed
+	lossReported atomic.Bool // the hold's loss was reported, by the watchdog or Release
 
 	mu            sync.Mutex // protects the fields below; held during Release
 	hold          *keepalive.Hold
@@ -184,7 +188,7 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 	l.hold = l.owner.holdTimers().Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
 		held, err := l.extend(ctx, l.ttl)
 		if err != nil {
-			l.owner.observe(Event{Kind: EventRefreshFailed, Key: l.key, Fence: l.fence, Err: err})
+			l.reportHold(ctx, contend.EventFailed, err)
 		}
 		return held, err
 	})
@@ -193,8 +197,8 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 	// its timer; Release stops this first, so that a hold that ends with
 	// its work starts no goroutine for it.
 	l.stopLostEvent = context.AfterFunc(hctx, func() {
-		if cause := context.Cause(hctx); errors.Is(cause, contend.ErrLockLost) {
-			l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: cause})
+		if cause := context.Cause(hctx); errors.Is(cause, contend.ErrLockLost) && l.lossReported.CompareAndSwap(false, true) {
+			l.reportHold(hctx, contend.EventLost, cause)
 		}
 	})
 	l.holdCtx = hctx
@@ -228,7 +232,9 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	held, err := l.owner.release(l.owner.releaseContext(ctx), l)
 	if err != nil {
-		return errors.Join(l.lost, fmt.Errorf("distlock: release %q: %w", l.key, err))
+		err = fmt.Errorf("distlock: release %q: %w", l.key, err)
+		l.reportHold(ctx, contend.EventFailed, err)
+		return errors.Join(l.lost, err)
 	}
 	l.released = true
 	switch {
@@ -236,9 +242,14 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.result = fmt.Errorf("distlock: release %q: %w", l.key, l.lost)
 	case !held:
 		l.result = fmt.Errorf("distlock: release %q: lock expired or taken over before the release: %w", l.key, contend.ErrLockLost)
-		l.owner.observe(Event{Kind: EventLost, Key: l.key, Fence: l.fence, Err: l.result})
 	default:
-		l.owner.observe(Event{Kind: EventReleased, Key: l.key, Fence: l.fence})
+		l.reportHold(ctx, contend.EventReleased, nil)
+		return nil
+	}
+	// A loss the watchdog saw was reported then; one that a Refresh or this
+	// release found is reported now.
+	if l.lossReported.CompareAndSwap(false, true) {
+		l.reportHold(ctx, contend.EventLost, l.result)
 	}
 	return l.result
 }

@@ -47,8 +47,10 @@ type QuorumConfig struct {
 	// across independent nodes. Its MaxAttempts is ignored. Default:
 	// contend.Retry's defaults, MaxDelay at most 100ms.
 	Backoff contend.Retry
-	// Observe, when set, is called with every [Event]. Default: nil.
-	Observe func(Event)
+	// Observer, when set, hears what the quorum's locks do, as
+	// Config.Observer does; the events carry no fencing token. Default:
+	// nil, no events.
+	Observer contend.Observer
 }
 
 // Defaults of [QuorumConfig].
@@ -171,11 +173,7 @@ func (q *Quorum) Close(ctx context.Context) error {
 	return nil
 }
 
-func (q *Quorum) observe(e Event) {
-	if q.cfg.Observe != nil {
-		q.cfg.Observe(e)
-	}
-}
+func (q *Quorum) observer() contend.Observer { return q.cfg.Observer }
 
 func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
 	if err := checkKey("obtain", key); err != nil {
@@ -197,20 +195,21 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	for attempt := 1; ; attempt++ {
 		l, err := q.attempt(ctx, key, ttl)
 		if err == nil {
-			q.observe(Event{Kind: EventObtained, Key: key, Waited: time.Since(began)})
+			l.reportObtained(ctx, began, attempt)
 			return l, nil
 		}
 		if !wait || !errors.Is(err, contend.ErrConflict) {
+			err = fmt.Errorf("distlock: obtain %q: %w", key, err)
 			if errors.Is(err, contend.ErrConflict) {
-				q.observe(Event{Kind: EventBusy, Key: key})
+				reportMiss(ctx, q.cfg.Observer, contend.EventConflict, key, began, attempt, err)
 			}
-			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+			return nil, err
 		}
 		if werr := q.cfg.Backoff.Wait(ctx, attempt); werr != nil {
-			giveUp := ctxErr(ctx)
-			q.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: giveUp})
-			return nil, fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-				key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, giveUp)
+			err := fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
+				key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, ctxErr(ctx))
+			reportMiss(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, attempt, err)
+			return nil, err
 		}
 	}
 }

@@ -24,7 +24,10 @@ import (
 // release of this client hands it over (the release's reply is Redis's
 // word). A message from another process's release only makes it attempt at
 // once: the attempt turns the reservation into a hold.
-func (c *Client) wait(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, w *waiter) (l *Lock, err error) {
+//
+// tries counts the attempts the caller made before the wait, for the
+// events.
+func (c *Client) wait(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, w *waiter, tries int) (l *Lock, err error) {
 	began := time.Now()
 	deferred := w != nil
 	if !deferred {
@@ -48,14 +51,14 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 	for attempts := 0; ; {
 		if !deferred {
 			if cause := ctxErr(ctx); cause != nil {
-				return nil, c.gaveUp(key, began, cause)
+				return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
 			}
 			queued = true
 			attempts++
 			l, err := c.attempt(ctx, key, keys, tok, ttl, true)
 			if err != nil {
 				if cause := ctxErr(ctx); cause != nil {
-					return nil, c.gaveUp(key, began, cause)
+					return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
 				}
 				return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 			}
@@ -64,16 +67,19 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 					c.clearBusy(key)
 				}
 				c.setHolder(key, tok, l.ValidUntil())
-				return c.obtained(l, began), nil
+				l.reportObtained(ctx, began, tries+attempts)
+				return l, nil
 			}
 			c.setQueued(key, tok)
 		}
 		g, cause := c.sleep(ctx, s, w, attempts, giveUpBy)
 		switch {
 		case cause != nil:
-			return nil, c.gaveUp(key, began, cause)
+			return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
 		case g.fence > 0: // handed over by a release here, already recorded
-			return c.obtained(newLock(c, key, keys, tok, g.fence, ttl, c.validity(g.at, ttl)), began), nil
+			l := newLock(c, key, keys, tok, g.fence, ttl, c.validity(g.at, ttl))
+			l.reportObtained(ctx, began, max(tries+attempts, 1))
+			return l, nil
 		case deferred:
 			stay, sent := c.rejoin(key, w)
 			// Unless it stays, from now on a waiter like any other: its
@@ -96,12 +102,6 @@ func (c *Client) stopWaiting(ctx context.Context, key string, keys []string, w *
 	} else {
 		c.dropHead(key, w.tok)
 	}
-}
-
-// obtained reports l, obtained by a wait that began at began.
-func (c *Client) obtained(l *Lock, began time.Time) *Lock {
-	c.observe(Event{Kind: EventObtained, Key: l.key, Fence: l.fence, Waited: time.Since(began)})
-	return l
 }
 
 // awaitSubscription holds the first waiters of a client briefly until its
@@ -147,14 +147,18 @@ func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts i
 	}
 }
 
-// gaveUp reports a wait for key that began at began and ended for cause.
-func (c *Client) gaveUp(key string, began time.Time, cause error) error {
-	c.observe(Event{Kind: EventGaveUp, Key: key, Waited: time.Since(began), Err: cause})
+// gaveUp returns the error of a wait for key that began at began, made
+// attempts and ended for cause, and reports it.
+func (c *Client) gaveUp(ctx context.Context, key string, began time.Time, attempts int, cause error) error {
+	var err error
 	if errors.Is(cause, ErrClosed) {
-		return fmt.Errorf("distlock: obtain %q: %w", key, cause)
+		err = fmt.Errorf("distlock: obtain %q: %w", key, cause)
+	} else {
+		err = fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
+			key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
 	}
-	return fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
+	reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, began, attempts, err)
+	return err
 }
 
 // leave removes tok from key's queue and releases the lock if tok holds it

@@ -3,6 +3,7 @@ package distlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"strings"
@@ -414,31 +415,42 @@ func TestForgedGrantIsNotBelieved(t *testing.T) {
 	require.NoError(t, next.Release(ctx))
 }
 
-// Observe sees obtains with their waits, busy keys, waits given up,
-// releases and losses.
-func TestObserveReportsEvents(t *testing.T) {
+// The Observer sees obtains with their waits, attempts and fencing
+// tokens, busy keys, waits given up, releases and losses with how long the
+// hold lasted, each with the context of the call it belongs to.
+func TestObserverReportsEvents(t *testing.T) {
 	t.Parallel()
+	type callKey struct{}
 	var (
 		mu     sync.Mutex
-		events []distlock.Event
+		events []contend.Event
 	)
-	observe := func(e distlock.Event) {
+	observer := contend.ObserverFunc(func(ctx context.Context, e contend.Event) {
 		mu.Lock()
 		defer mu.Unlock()
+		if ctx.Value(callKey{}) == nil {
+			e.Err = fmt.Errorf("no call context: %w", e.Err)
+		}
 		events = append(events, e)
-	}
-	kinds := func() []distlock.EventKind {
+	})
+	taken := func() []contend.Event {
 		mu.Lock()
 		defer mu.Unlock()
-		var ks []distlock.EventKind
-		for _, e := range events {
+		es := events
+		events = nil
+		return es
+	}
+	kinds := func(es []contend.Event) []contend.EventKind {
+		var ks []contend.EventKind
+		for _, e := range es {
+			require.Equal(t, "distlock", e.Strategy)
+			require.Equal(t, "job", e.Key)
 			ks = append(ks, e.Kind)
 		}
-		events = nil
 		return ks
 	}
-	c, rdb, prefix := setup(t, distlock.Config{Observe: observe})
-	ctx := t.Context()
+	c, rdb, prefix := setup(t, distlock.Config{Observer: observer, Recheck: 20 * time.Millisecond})
+	ctx := context.WithValue(t.Context(), callKey{}, "call")
 
 	l, err := c.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
@@ -448,16 +460,57 @@ func TestObserveReportsEvents(t *testing.T) {
 	_, err = c.Obtain(short, "job", time.Minute)
 	cancel()
 	require.ErrorIs(t, err, contend.ErrConflict)
+	time.Sleep(time.Millisecond) // a hold measured in whole milliseconds
 	require.NoError(t, l.Release(ctx))
-	require.Equal(t, []distlock.EventKind{distlock.EventObtained, distlock.EventBusy, distlock.EventGaveUp, distlock.EventReleased}, kinds())
+	es := taken()
+	require.Equal(t, []contend.EventKind{contend.EventObtained, contend.EventConflict, contend.EventGaveUp, contend.EventReleased}, kinds(es))
+	obtained, busy, gaveUp, released := es[0], es[1], es[2], es[3]
+	require.Equal(t, l.Fence(), obtained.Fence)
+	require.Equal(t, 1, obtained.Attempts)
+	require.Positive(t, obtained.Wait)
+	require.NoError(t, obtained.Err)
+	require.ErrorIs(t, busy.Err, contend.ErrConflict)
+	require.ErrorIs(t, gaveUp.Err, contend.ErrConflict)
+	require.ErrorIs(t, gaveUp.Err, context.DeadlineExceeded)
+	require.GreaterOrEqual(t, gaveUp.Wait, 15*time.Millisecond)
+	require.Equal(t, l.Fence(), released.Fence)
+	require.GreaterOrEqual(t, released.Hold, 20*time.Millisecond, "held across the wait that gave up")
+	require.Equal(t, obtained.Wait, released.Wait, "a hold's events carry the wait that began it")
+	require.NoError(t, released.Err)
+
+	// A waiter that gets the lock reports how long it waited; Do reports
+	// the hold's end when fn returns.
+	l, err = c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Do(ctx, "job", func(context.Context) error { return nil })
+	}()
+	waitDeferred(t, c, "job", 1)
+	time.Sleep(30 * time.Millisecond) // a wait long enough to see
+	require.NoError(t, l.Release(ctx))
+	require.NoError(t, <-done)
+	es = taken()
+	// The waiter's obtain and the release that handed it over are reported
+	// by two goroutines: in either order.
+	require.ElementsMatch(t, []contend.EventKind{contend.EventObtained, contend.EventReleased, contend.EventObtained, contend.EventReleased}, kinds(es))
+	for _, e := range es {
+		if e.Kind == contend.EventObtained && e.Fence != l.Fence() {
+			require.GreaterOrEqual(t, e.Wait, 30*time.Millisecond)
+			require.GreaterOrEqual(t, e.Attempts, 1)
+			require.Greater(t, e.Fence, l.Fence())
+		}
+	}
 
 	l, err = c.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
 	stolen(t, rdb, prefix, "job")
 	require.NoError(t, rdb.Del(ctx, lockKey(prefix, "job")).Err())
 	require.ErrorIs(t, l.Release(ctx), contend.ErrLockLost)
-	require.Equal(t, []distlock.EventKind{distlock.EventObtained, distlock.EventLost}, kinds())
-	require.Equal(t, "lost", distlock.EventLost.String())
+	es = taken()
+	require.Equal(t, []contend.EventKind{contend.EventObtained, contend.EventLost}, kinds(es))
+	require.ErrorIs(t, es[1].Err, contend.ErrLockLost)
+	require.Positive(t, es[1].Hold)
 }
 
 // A client forgets keys it remembered only because a waiter queued on them
