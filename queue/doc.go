@@ -74,6 +74,16 @@
 // or record the id with INSERT ... ON CONFLICT DO NOTHING in the transaction
 // of the effect, and skip the effect when it inserted nothing.
 //
+// # Observing
+//
+// [Queue.Stats] counts what the partitions hold and did. [Config.Observer]
+// (and package redisq's) hears, as a [contend.Event] of strategy "queue",
+// each failed delivery of a job (failed, Attempts its delivery), each job
+// dead-lettered, and each caller whose ctx ended while it waited for room
+// or for its job to start (gave-up); those callers get an error matching
+// both [contend.ErrConflict] and ctx's error, as a distlock waiter does.
+// [contend.SlogObserver] logs the events.
+//
 // # When not to use it
 //
 // When the rule fits in one conditional UPDATE and the key is not hot, use

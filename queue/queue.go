@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/queuecore"
 )
 
 // ErrFull reports that a job's partition buffer was full and the queue is
@@ -26,7 +27,7 @@ var ErrDeadLettered = errors.New("queue: dead-lettered")
 
 // ErrPanic reports that a handler panicked. The panic is turned into an error
 // (and retried like one) so that one bad job cannot crash the process.
-var ErrPanic = errors.New("queue: handler panicked")
+var ErrPanic = queuecore.ErrPanic
 
 // ErrRunning reports a second call of Run.
 var ErrRunning = errors.New("queue: already running")
@@ -111,10 +112,14 @@ type Config struct {
 	// short. Default: none (the job is dropped after its submitter, if it
 	// waits, gets ErrDeadLettered).
 	DeadLetter func(DeadLetter)
-	// Observe, when set, is called with every [Event]: failed deliveries
-	// and dead letters. It runs on the partition's worker goroutine and must
-	// not block. Default: nil, no events.
-	Observe func(Event)
+	// Observer, when set, hears of failed deliveries (contend.EventFailed,
+	// Attempts the delivery, Err the handler's error) and dead letters
+	// (contend.EventDeadLettered), on the partition's worker goroutine,
+	// and of callers whose ctx ended while they waited for room or for
+	// their job to start (contend.EventGaveUp), on theirs. Jobs handled
+	// at once report nothing: count them with [Queue.Stats]. It must not
+	// block. Default: nil, no events, at no cost.
+	Observer contend.Observer
 }
 
 // Defaults of [Config].
@@ -370,43 +375,49 @@ func (q *Queue) Close(ctx context.Context) error {
 
 // Submit puts a job for key in its partition and waits for its result. If ctx
 // ends before the job starts, the job is withdrawn, never runs, and Submit
-// returns ctx's error; once it has started, Submit waits for its answer, so
-// the caller always learns whether it happened. A job that failed on every
-// delivery returns an error matching [ErrDeadLettered] and the handler's error.
+// returns an error matching both [contend.ErrConflict] and ctx's error;
+// once it has started, Submit waits for its answer, so the caller always
+// learns whether it happened. A job that failed on every delivery returns
+// an error matching [ErrDeadLettered] and the handler's error.
 func (q *Queue) Submit(ctx context.Context, key string, payload []byte) ([]byte, error) {
+	began := q.clock()
 	w := &waiter{reply: make(chan outcome, 1)}
 	if err := q.put(ctx, item{key: key, payload: payload, w: w}); err != nil {
 		return nil, err
 	}
 	o, err := w.await(ctx)
 	if err != nil {
-		return nil, err
+		return nil, q.gaveUp(ctx, key, began, "job withdrawn before it started", err)
 	}
 	return o.value, o.err
 }
 
 // Enqueue puts a job for key in its partition and returns once it is
 // accepted: fire and forget. In memory, "accepted" means in this process's
-// buffer: it is lost if the process dies.
+// buffer: it is lost if the process dies. When ctx ends while Enqueue waits
+// for room in a full partition, it returns an error matching both
+// [contend.ErrConflict] and ctx's error, as Submit and Do do.
 func (q *Queue) Enqueue(ctx context.Context, key string, payload []byte) error {
 	return q.put(ctx, item{key: key, payload: payload})
 }
 
 // Do runs fn on key's partition worker and returns fn's error: no two fns (or
 // jobs) for one key overlap, within this process only. fn gets ctx; if ctx
-// ends before fn starts, fn never runs. A panic in fn is re-raised in the
-// caller of Do.
+// ends before fn starts, fn never runs, and Do returns an error matching
+// both [contend.ErrConflict] and ctx's error. A panic in fn is re-raised in
+// the caller of Do.
 func (q *Queue) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if fn == nil {
 		return fmt.Errorf("queue: nil fn: %w", contend.ErrInvalid)
 	}
+	began := q.clock()
 	w := &waiter{fn: fn, ctx: ctx, reply: make(chan outcome, 1)}
 	if err := q.put(ctx, item{key: key, w: w}); err != nil {
 		return err
 	}
 	o, err := w.await(ctx)
 	if err != nil {
-		return err
+		return q.gaveUp(ctx, key, began, "fn withdrawn before it started", err)
 	}
 	if o.panicked {
 		panic(o.panicValue)
@@ -422,6 +433,7 @@ func (q *Queue) put(ctx context.Context, it item) error {
 		return context.Cause(ctx)
 	}
 	pt := &q.parts[PartitionOf(it.key, len(q.parts))]
+	var began time.Time // of the wait for room, when observed
 	for {
 		room, err := pt.put(it, q.cfg.Buffer)
 		if room == nil {
@@ -430,10 +442,13 @@ func (q *Queue) put(ctx context.Context, it item) error {
 		if q.cfg.RefuseWhenFull {
 			return fmt.Errorf("queue: partition of %s: %w", it.key, ErrFull)
 		}
+		if began.IsZero() {
+			began = q.clock()
+		}
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return context.Cause(ctx)
+			return q.gaveUp(ctx, it.key, began, "waited for room in its partition", queuecore.CtxErr(ctx))
 		case <-q.abort:
 			return ErrClosed
 		}
@@ -489,7 +504,7 @@ func (w *waiter) await(ctx context.Context) (outcome, error) {
 		return o, nil
 	case <-ctx.Done():
 		if w.state.CompareAndSwap(pending, withdrawn) {
-			return outcome{}, context.Cause(ctx)
+			return outcome{}, queuecore.CtxErr(ctx)
 		}
 		return <-w.reply, nil
 	}
@@ -620,7 +635,7 @@ func (q *Queue) runOne(ctx context.Context, pc *partitionCounters, it item) bool
 	job := Job{Key: it.key, Payload: it.payload, Attempt: 1}
 	// The first delivery runs outside the retry loop: most jobs succeed at
 	// once, and the loop's closure would cost an allocation per job.
-	value, err := q.cfg.Handler.Call(ctx, job)
+	value, err := queuecore.Call(ctx, q.cfg.Handler, job)
 	if err != nil {
 		value, err = q.redeliver(ctx, pc, job, err)
 	}
@@ -631,12 +646,12 @@ func (q *Queue) runOne(ctx context.Context, pc *partitionCounters, it item) bool
 // redeliver runs a job whose first delivery failed with err again, under the
 // retry policy, and dead-letters it when every delivery failed.
 func (q *Queue) redeliver(ctx context.Context, pc *partitionCounters, job Job, err error) ([]byte, error) {
-	q.failed(job, err)
+	q.failed(ctx, job, err)
 	if !q.retryable(err) || q.cfg.Retry.Attempts() <= 1 {
-		return nil, q.deadLetter(pc, job, err)
+		return nil, q.deadLetter(ctx, pc, job, err)
 	}
 	if werr := q.cfg.Retry.Wait(ctx, 1); werr != nil {
-		return nil, q.deadLetter(pc, job, fmt.Errorf("%w (after 1 attempt: %w)", werr, err))
+		return nil, q.deadLetter(ctx, pc, job, fmt.Errorf("%w (after 1 attempt: %w)", werr, err))
 	}
 	retry := q.cfg.Retry
 	retry.MaxAttempts = retry.Attempts() - 1 // the first delivery is spent
@@ -645,13 +660,13 @@ func (q *Queue) redeliver(ctx context.Context, pc *partitionCounters, job Job, e
 		job.Attempt++
 		pc.Redeliveries.Add(1)
 		var err error
-		if value, err = q.cfg.Handler.Call(ctx, job); err != nil {
-			q.failed(job, err)
+		if value, err = queuecore.Call(ctx, q.cfg.Handler, job); err != nil {
+			q.failed(ctx, job, err)
 		}
 		return err
 	}, q.retryable)
 	if err != nil {
-		return nil, q.deadLetter(pc, job, err)
+		return nil, q.deadLetter(ctx, pc, job, err)
 	}
 	return value, nil
 }
@@ -683,13 +698,13 @@ func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []ite
 	}
 	if len(items) == 1 || !q.retryable(err) || ctx.Err() != nil {
 		for i, it := range items {
-			it.answer(outcome{err: q.deadLetter(pc, jobs[i], err)})
+			it.answer(outcome{err: q.deadLetter(ctx, pc, jobs[i], err)})
 		}
 		return
 	}
 	if werr := q.cfg.Retry.Wait(ctx, jobs[0].Attempt); werr != nil {
 		for i, it := range items {
-			it.answer(outcome{err: q.deadLetter(pc, jobs[i], fmt.Errorf("%w (after %d attempts: %w)", werr, jobs[i].Attempt, err))})
+			it.answer(outcome{err: q.deadLetter(ctx, pc, jobs[i], fmt.Errorf("%w (after %d attempts: %w)", werr, jobs[i].Attempt, err))})
 		}
 		return
 	}
@@ -698,7 +713,7 @@ func (q *Queue) runBatch(ctx context.Context, pc *partitionCounters, items []ite
 	for i, it := range items {
 		res, err := q.deliverBatch(ctx, pc, jobs[i:i+1])
 		if err != nil {
-			it.answer(outcome{err: q.deadLetter(pc, jobs[i], err)})
+			it.answer(outcome{err: q.deadLetter(ctx, pc, jobs[i], err)})
 			continue
 		}
 		pc.Handled.Add(1)
@@ -715,53 +730,41 @@ func (q *Queue) deliverBatch(ctx context.Context, pc *partitionCounters, jobs []
 			pc.Redeliveries.Add(1)
 		}
 	}
-	results, err := q.cfg.BatchHandler.Call(ctx, jobs)
+	results, err := queuecore.CallBatch(ctx, q.cfg.BatchHandler, jobs)
 	if err != nil {
 		for _, j := range jobs {
-			q.failed(j, err)
+			q.failed(ctx, j, err)
 		}
 	}
 	return results, err
 }
 
-func (q *Queue) deadLetter(pc *partitionCounters, job Job, err error) error {
+func (q *Queue) deadLetter(ctx context.Context, pc *partitionCounters, job Job, err error) error {
 	pc.DeadLetters.Add(1)
-	if q.cfg.Observe != nil {
-		q.cfg.Observe(Event{Kind: EventDeadLettered, Key: job.Key, Partition: q.Partition(job.Key), Attempt: job.Attempt, Err: err})
-	}
+	queuecore.Report(ctx, q.cfg.Observer, contend.EventDeadLettered, job.Key, time.Time{}, job.Attempt, err)
 	if q.cfg.DeadLetter != nil {
 		q.cfg.DeadLetter(DeadLetter{Job: job, Err: err})
 	}
 	return fmt.Errorf("%w: job for %s after %d deliveries: %w", ErrDeadLettered, job.Key, job.Attempt, err)
 }
 
-func (q *Queue) failed(job Job, err error) {
-	if q.cfg.Observe != nil {
-		q.cfg.Observe(Event{Kind: EventFailed, Key: job.Key, Partition: q.Partition(job.Key), Attempt: job.Attempt, Err: err})
-	}
+func (q *Queue) failed(ctx context.Context, job Job, err error) {
+	queuecore.Report(ctx, q.cfg.Observer, contend.EventFailed, job.Key, time.Time{}, job.Attempt, err)
 }
 
-// Call runs h on job. A panic in h comes back as an error matching
-// [ErrPanic], with the stack, so that one bad job cannot crash the process.
-func (h Handler) Call(ctx context.Context, job Job) (value []byte, err error) {
-	defer recoverAsError(&err)
-	return h(ctx, job)
+// clock returns the time now when the queue is observed, else the zero
+// time: the events' waits are measured only for an Observer.
+func (q *Queue) clock() time.Time {
+	if q.cfg.Observer == nil {
+		return time.Time{}
+	}
+	return time.Now()
 }
 
-// Call runs h on a copy of jobs (h may keep or change its slice) and checks
-// that it returned one Result per job. A panic in h comes back as an error
-// matching [ErrPanic], with the stack.
-func (h BatchHandler) Call(ctx context.Context, jobs []Job) (results []Result, err error) {
-	defer recoverAsError(&err)
-	results, err = h(ctx, append([]Job(nil), jobs...))
-	if err == nil && len(results) != len(jobs) {
-		err = fmt.Errorf("queue: batch handler returned %d results for %d jobs", len(results), len(jobs))
-	}
-	return results, err
-}
-
-func recoverAsError(err *error) {
-	if r := recover(); r != nil {
-		*err = fmt.Errorf("%w: %v\n%s", ErrPanic, r, debug.Stack())
-	}
+// gaveUp returns the error of a caller for key whose wait ended with ctx
+// (cause), and reports it.
+func (q *Queue) gaveUp(ctx context.Context, key string, began time.Time, what string, cause error) error {
+	err := fmt.Errorf("queue: job for %s: %s: %w (%w)", key, what, contend.ErrConflict, cause)
+	queuecore.Report(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, 0, err)
+	return err
 }

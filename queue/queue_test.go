@@ -209,6 +209,7 @@ func TestBackpressure(t *testing.T) {
 				require.ErrorIs(t, err, queue.ErrFull)
 			} else {
 				require.ErrorIs(t, err, context.DeadlineExceeded)
+				require.ErrorIs(t, err, contend.ErrConflict, "a wait cut short by ctx is a lost race, as in distlock")
 			}
 			require.Equal(t, 2, q.Stats().Depth)
 		})
@@ -222,12 +223,12 @@ func TestRetryAndDeadLetter(t *testing.T) {
 	t.Parallel()
 	var flaky atomic.Int32
 	dead := make(chan queue.DeadLetter, 4)
-	events := make(chan queue.Event, 32)
+	events := make(chan contend.Event, 32)
 	q := start(t, queue.Config{
 		Partitions: 2,
 		Retry:      fast,
 		DeadLetter: func(d queue.DeadLetter) { dead <- d },
-		Observe:    func(e queue.Event) { events <- e },
+		Observer:   contend.ObserverFunc(func(_ context.Context, e contend.Event) { events <- e }),
 		Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
 			switch string(job.Payload) {
 			case "poison":
@@ -269,14 +270,73 @@ func TestRetryAndDeadLetter(t *testing.T) {
 	// flaky failed twice; poison and panic three times each, then went to
 	// the dead letters.
 	close(events)
-	kinds := map[queue.EventKind]int{}
+	kinds := map[contend.EventKind]int{}
 	for e := range events {
+		require.Equal(t, "queue", e.Strategy)
 		require.Equal(t, "k", e.Key)
-		require.Equal(t, q.Partition("k"), e.Partition)
 		require.Error(t, e.Err)
+		if e.Kind == contend.EventDeadLettered {
+			require.Equal(t, 3, e.Attempts, "dead-lettered on its last delivery")
+		}
 		kinds[e.Kind]++
 	}
-	require.Equal(t, map[queue.EventKind]int{queue.EventFailed: 8, queue.EventDeadLettered: 2}, kinds)
+	require.Equal(t, map[contend.EventKind]int{contend.EventFailed: 8, contend.EventDeadLettered: 2}, kinds)
+}
+
+// A caller whose ctx ends while it waits, for room in a full partition or
+// for its job or fn to start, gets an error matching both ErrConflict and
+// ctx's error, and the Observer hears that it gave up and after how long.
+func TestWaitCutShortIsAConflict(t *testing.T) {
+	t.Parallel()
+	entered, release := make(chan struct{}), make(chan struct{})
+	events := make(chan contend.Event, 8)
+	q := start(t, queue.Config{
+		// Room for the withdrawn Submit and Do, which stay in the buffer
+		// until the worker skips them, and one more job.
+		Partitions: 1, Buffer: 3,
+		Observer: contend.ObserverFunc(func(_ context.Context, e contend.Event) { events <- e }),
+		Handler: func(_ context.Context, job queue.Job) ([]byte, error) {
+			if string(job.Payload) == "block" {
+				close(entered)
+				<-release
+			}
+			return nil, nil
+		},
+	})
+	defer close(release)
+	require.NoError(t, q.Enqueue(t.Context(), "k", []byte("block")))
+	<-entered // the worker holds the first job; the buffer is empty
+
+	const wait = 30 * time.Millisecond
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	_, err := q.Submit(ctx, "k", []byte("late"))
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	ctx, cancel = context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	err = q.Do(ctx, "k", func(context.Context) error { return errors.New("never runs") })
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	require.NoError(t, q.Enqueue(t.Context(), "k", []byte("fills the buffer")))
+	cause := errors.New("the caller left")
+	ctx, cancelCause := context.WithCancelCause(t.Context())
+	time.AfterFunc(wait, func() { cancelCause(cause) })
+	err = q.Enqueue(ctx, "k", []byte("no room"))
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, err, cause)
+
+	for range 3 {
+		e := <-events
+		require.Equal(t, contend.EventGaveUp, e.Kind)
+		require.Equal(t, "queue", e.Strategy)
+		require.Equal(t, "k", e.Key)
+		require.GreaterOrEqual(t, e.Wait, wait*2/3) // timers may fire early by a tick
+		require.ErrorIs(t, e.Err, contend.ErrConflict)
+	}
 }
 
 // Errors that Retryable rejects are dead-lettered on their first delivery.

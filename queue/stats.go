@@ -1,6 +1,10 @@
 package queue
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/contend/contend/internal/queuecore"
+)
 
 // Stats is a snapshot of what a queue holds and has done, per partition and
 // summed. Counters only grow; Depth and InFlight are instantaneous.
@@ -38,27 +42,8 @@ type counters struct {
 	partitions []partitionCounters
 }
 
-// Counters are one partition's running totals, as both backends keep them
-// (queue/redisq too): jobs running, handled, delivered again, and dead
-// letters. Safe for concurrent use.
-type Counters struct {
-	InFlight, Handled, Redeliveries, DeadLetters atomic.Int64
-}
-
-// Snapshot returns the totals as a partition's Stats, with depth, which the
-// backend measures its own way.
-func (c *Counters) Snapshot(depth int) PartitionStats {
-	return PartitionStats{
-		Depth:        depth,
-		InFlight:     c.InFlight.Load(),
-		Handled:      c.Handled.Load(),
-		Redeliveries: c.Redeliveries.Load(),
-		DeadLetters:  c.DeadLetters.Load(),
-	}
-}
-
 type partitionCounters struct {
-	Counters
+	queuecore.Counters
 	// taken is how many jobs the worker took from the buffer and has not
 	// started: they still count in the depth.
 	taken atomic.Int64
@@ -79,7 +64,13 @@ func (q *Queue) Stats() Stats {
 	s := Stats{Partitions: make([]PartitionStats, len(q.parts))}
 	for i := range q.parts {
 		pc := &q.stats.partitions[i]
-		ps := pc.Snapshot(q.parts[i].depth() + int(pc.taken.Load()))
+		ps := PartitionStats{
+			Depth:        q.parts[i].depth() + int(pc.taken.Load()),
+			InFlight:     pc.InFlight.Load(),
+			Handled:      pc.Handled.Load(),
+			Redeliveries: pc.Redeliveries.Load(),
+			DeadLetters:  pc.DeadLetters.Load(),
+		}
 		s.Partitions[i] = ps
 		s.PartitionStats.Add(ps)
 	}

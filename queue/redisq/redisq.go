@@ -29,7 +29,7 @@
 // read, and must not be dead-lettered without running. So a job that kills
 // its owner's process is not dead-lettered: each new owner runs it once.
 //
-// [Queue.Stats] and [Config.Observe] report what one instance did; only a
+// [Queue.Stats] and [Config.Observer] report what one instance did; only a
 // partition's depth is read from Redis and is the same for every instance.
 //
 // # Faults
@@ -106,6 +106,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/queuecore"
 	"github.com/contend/contend/internal/token"
 	"github.com/contend/contend/queue"
 )
@@ -143,13 +144,15 @@ type Config struct {
 	// [queue.BatchHandler] says. Default: the zero contend.Retry (10
 	// deliveries).
 	Retry contend.Retry
-	// Observe, when set, is called with every [queue.Event] of the jobs
-	// this instance handles: failed deliveries and dead letters. A delivery
+	// Observer, when set, hears of the jobs this instance handles: failed
+	// deliveries (contend.EventFailed, Attempts the stream's delivery
+	// count) and dead letters (contend.EventDeadLettered), on the
+	// partition's worker goroutine; and of submitters whose ctx ended
+	// before the answer came (contend.EventGaveUp), on theirs. A delivery
 	// cut short because the lease was lost or Run is ending is no failure:
-	// the job is handed over, and reports nothing. Observe runs on the
-	// partition's worker goroutine and must not block. Default: nil, no
-	// events.
-	Observe func(queue.Event)
+	// the job is handed over, and reports nothing. The events carry
+	// Strategy "queue". It must not block. Default: nil, no events.
+	Observer contend.Observer
 	// LeaseTTL is the lease of a partition: a dead instance's partitions
 	// move after at most this long. Default: 5s.
 	LeaseTTL time.Duration
@@ -226,7 +229,7 @@ type Queue struct {
 	ownMu sync.Mutex      // protects owned
 	owned []chan struct{} // per partition: nil when not held, else closed to hand it back
 
-	counters []queue.Counters // per partition: what this instance did
+	counters []queuecore.Counters // per partition: what this instance did
 
 	waiting    map[string]chan string // submitters by request id; the listener runs once it is set
 	stopListen context.CancelFunc     // ends the listener
@@ -244,7 +247,7 @@ func New(cfg Config) (*Queue, error) {
 		return nil, fmt.Errorf("redisq: %w", err)
 	}
 	return &Queue{cfg: cfg, locks: locks, consumer: token.New(), ran: make(chan struct{}), listenDone: make(chan struct{}),
-		owned: make([]chan struct{}, cfg.Partitions), counters: make([]queue.Counters, cfg.Partitions)}, nil
+		owned: make([]chan struct{}, cfg.Partitions), counters: make([]queuecore.Counters, cfg.Partitions)}, nil
 }
 
 var _ queue.Backend = (*Queue)(nil)
@@ -285,12 +288,17 @@ func (q *Queue) add(ctx context.Context, key string, payload []byte, reply strin
 // Submit adds a job for key and waits for its answer, from whichever
 // instance handles it. A handler's error comes back matching [ErrRemote]
 // with its message. When ctx ends first the job stays in the stream and may
-// still run.
+// still run, and Submit returns an error matching both
+// [contend.ErrConflict] and ctx's error.
 //
 // Answers come back on one list per instance, read by one goroutine that
 // Submit starts and Close stops, so that waiting submitters hold no Redis
 // connection each.
 func (q *Queue) Submit(ctx context.Context, key string, payload []byte) ([]byte, error) {
+	var began time.Time
+	if q.cfg.Observer != nil {
+		began = time.Now()
+	}
 	id := token.New()
 	answer := make(chan string, 1)
 	if err := q.await(id, answer); err != nil {
@@ -304,7 +312,9 @@ func (q *Queue) Submit(ctx context.Context, key string, payload []byte) ([]byte,
 	case a := <-answer:
 		return decodeAnswer(a)
 	case <-ctx.Done():
-		return nil, context.Cause(ctx)
+		err := fmt.Errorf("redisq: job for %s: no answer yet: %w (%w)", key, contend.ErrConflict, queuecore.CtxErr(ctx))
+		queuecore.Report(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, 0, err)
+		return nil, err
 	case <-q.listenDone:
 		return nil, queue.ErrClosed
 	}
@@ -739,12 +749,12 @@ func (q *Queue) deliver(ctx context.Context, p int, ds []delivery, on func() boo
 			return false // the lease was lost mid-job, or Run is ending: the next owner redelivers
 		}
 		for _, d := range ds {
-			q.observe(queue.EventFailed, p, d.job, err)
+			q.report(ctx, contend.EventFailed, d.job, err)
 		}
 		switch last := q.cfg.Retry.Attempts(); {
 		case len(ds) == 1 && latest >= last:
 			pc.DeadLetters.Add(1)
-			q.observe(queue.EventDeadLettered, p, ds[0].job, err)
+			q.report(ctx, contend.EventDeadLettered, ds[0].job, err)
 			return q.finish(ctx, p, ds, nil, err)
 		case len(ds) > 1 && latest+1 >= last:
 			// Run each alone, so only the job that keeps failing is
@@ -766,18 +776,18 @@ func (q *Queue) deliver(ctx context.Context, p int, ds []delivery, on func() boo
 }
 
 // handle runs the handler on the jobs of ds: the plain one on a single job.
-func (q *Queue) handle(ctx context.Context, pc *queue.Counters, ds []delivery) ([]queue.Result, error) {
+func (q *Queue) handle(ctx context.Context, pc *queuecore.Counters, ds []delivery) ([]queue.Result, error) {
 	pc.InFlight.Add(int64(len(ds)))
 	defer pc.InFlight.Add(-int64(len(ds)))
 	if q.cfg.BatchHandler == nil {
-		value, err := q.cfg.Handler.Call(ctx, ds[0].job)
+		value, err := queuecore.Call(ctx, q.cfg.Handler, ds[0].job)
 		return []queue.Result{{Value: value}}, err
 	}
 	jobs := make([]queue.Job, len(ds))
 	for i, d := range ds {
 		jobs[i] = d.job
 	}
-	return q.cfg.BatchHandler.Call(ctx, jobs)
+	return queuecore.CallBatch(ctx, q.cfg.BatchHandler, jobs)
 }
 
 // again waits before the next delivery of ds and counts it in the stream
@@ -806,10 +816,16 @@ func (q *Queue) again(ctx context.Context, p int, ds []delivery, on func() bool)
 	return true
 }
 
-func (q *Queue) observe(kind queue.EventKind, p int, job queue.Job, err error) {
-	if q.cfg.Observe != nil {
-		q.cfg.Observe(queue.Event{Kind: kind, Key: job.Key, Partition: p, Attempt: job.Attempt, Err: err})
+// report reports an event of job's delivery under ctx, the partition
+// lease's, whose fencing token the event carries.
+func (q *Queue) report(ctx context.Context, kind contend.EventKind, job queue.Job, err error) {
+	if q.cfg.Observer == nil {
+		return
 	}
+	fence, _ := Fence(ctx)
+	q.cfg.Observer.Observe(ctx, contend.Event{
+		Kind: kind, Strategy: queuecore.Strategy, Key: job.Key, Attempts: job.Attempt, Fence: fence, Err: err,
+	})
 }
 
 // finish dead-letters (on err), answers and acknowledges ds, in that order

@@ -19,13 +19,13 @@ import (
 
 var errPoison = errors.New("poison")
 
-// events collects what Config.Observe reports.
+// events collects what Config.Observer reports.
 type events struct {
 	mu  sync.Mutex // protects all
-	all []queue.Event
+	all []contend.Event
 }
 
-func (e *events) observe(ev queue.Event) {
+func (e *events) Observe(_ context.Context, ev contend.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.all = append(e.all, ev)
@@ -33,13 +33,13 @@ func (e *events) observe(ev queue.Event) {
 
 // of returns the attempts of the events of kind about key's jobs, in the
 // order they were reported.
-func (e *events) of(kind queue.EventKind, key string) []int {
+func (e *events) of(kind contend.EventKind, key string) []int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var attempts []int
 	for _, ev := range e.all {
 		if ev.Kind == kind && ev.Key == key {
-			attempts = append(attempts, ev.Attempt)
+			attempts = append(attempts, ev.Attempts)
 		}
 	}
 	return attempts
@@ -57,14 +57,14 @@ func waitDepth(t *testing.T, q *redisq.Queue, n int) {
 // A batch holding a job that always fails: the batch is delivered again while
 // each job has deliveries left, then its jobs run alone; only the poison job
 // is dead-lettered, after Retry's deliveries, the others are answered, and
-// the key's later jobs run. Observe and Stats tell the same story.
+// the key's later jobs run. The Observer and Stats tell the same story.
 func testBatchPoison(t *testing.T, client redis.UniversalClient, prefix string) {
 	var (
 		mu         sync.Mutex
 		deliveries = map[string][]int{} // payload → attempts seen
 	)
 	var seen events
-	cfg := redisq.Config{Partitions: 1, Retry: fast, Observe: seen.observe,
+	cfg := redisq.Config{Partitions: 1, Retry: fast, Observer: &seen,
 		BatchHandler: func(_ context.Context, jobs []queue.Job) ([]queue.Result, error) {
 			res := make([]queue.Result, len(jobs))
 			mu.Lock()
@@ -130,10 +130,16 @@ func testBatchPoison(t *testing.T, client redis.UniversalClient, prefix string) 
 		require.Equal(t, errPoison.Error(), dead[i].Values["error"])
 	}
 
-	require.Equal(t, []int{3, 3}, seen.of(queue.EventDeadLettered, "poison"))
-	require.Equal(t, []int{1, 2, 3, 1, 2, 3}, seen.of(queue.EventFailed, "poison"))
-	require.Equal(t, []int{1, 1, 2, 2}, seen.of(queue.EventFailed, "k"), "the batch's failures are its jobs' too")
-	require.Empty(t, seen.of(queue.EventDeadLettered, "k"))
+	require.Equal(t, []int{3, 3}, seen.of(contend.EventDeadLettered, "poison"))
+	require.Equal(t, []int{1, 2, 3, 1, 2, 3}, seen.of(contend.EventFailed, "poison"))
+	require.Equal(t, []int{1, 1, 2, 2}, seen.of(contend.EventFailed, "k"), "the batch's failures are its jobs' too")
+	require.Empty(t, seen.of(contend.EventDeadLettered, "k"))
+	seen.mu.Lock()
+	for _, e := range seen.all {
+		require.Equal(t, "queue", e.Strategy)
+		require.Positive(t, e.Fence, "a delivery's events carry its partition lease's fencing token")
+	}
+	seen.mu.Unlock()
 
 	waitDepth(t, consumer, 0) // the answer comes before the acknowledgement
 	s, err := consumer.Stats(t.Context())
@@ -172,7 +178,7 @@ func TestAttemptsSurviveOwnerChange(t *testing.T) {
 		}
 	}
 	var seenA, seenB events
-	a := instance(t, client, prefix, redisq.Config{Partitions: 1, Retry: retry, Observe: seenA.observe, Handler: handler("a")})
+	a := instance(t, client, prefix, redisq.Config{Partitions: 1, Retry: retry, Observer: &seenA, Handler: handler("a")})
 	require.NoError(t, a.Enqueue(t.Context(), "k", nil))
 	<-stuck
 	require.NoError(t, a.Close(t.Context()))
@@ -180,7 +186,7 @@ func TestAttemptsSurviveOwnerChange(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, queue.PartitionStats{Depth: 1, Redeliveries: 1}, sa.PartitionStats, "a handed the job back")
 
-	b := instance(t, client, prefix, redisq.Config{Partitions: 1, Retry: retry, Observe: seenB.observe, Handler: handler("b")})
+	b := instance(t, client, prefix, redisq.Config{Partitions: 1, Retry: retry, Observer: &seenB, Handler: handler("b")})
 	var all []delivery
 	for len(all) < 5 {
 		select {
@@ -193,10 +199,10 @@ func TestAttemptsSurviveOwnerChange(t *testing.T) {
 	// a: 1 fails, 2 is cut short; b's claim is 3 (a's retry was counted).
 	require.Equal(t, []delivery{{"a", 1}, {"a", 2}, {"b", 3}, {"b", 4}, {"b", 5}}, all)
 	waitDepth(t, b, 0) // the acknowledgement follows the events
-	require.Equal(t, []int{1}, seenA.of(queue.EventFailed, "k"), "a hand-over is no failure")
-	require.Empty(t, seenA.of(queue.EventDeadLettered, "k"))
-	require.Equal(t, []int{3, 4, 5}, seenB.of(queue.EventFailed, "k"))
-	require.Equal(t, []int{5}, seenB.of(queue.EventDeadLettered, "k"))
+	require.Equal(t, []int{1}, seenA.of(contend.EventFailed, "k"), "a hand-over is no failure")
+	require.Empty(t, seenA.of(contend.EventDeadLettered, "k"))
+	require.Equal(t, []int{3, 4, 5}, seenB.of(contend.EventFailed, "k"))
+	require.Equal(t, []int{5}, seenB.of(contend.EventDeadLettered, "k"))
 	sb, err := b.Stats(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, queue.PartitionStats{Redeliveries: 3, DeadLetters: 1}, sb.PartitionStats)
@@ -247,4 +253,24 @@ func TestStatsDepth(t *testing.T) {
 	s, err = consumer.Stats(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, queue.PartitionStats{Handled: 5, Redeliveries: 3}, s.PartitionStats, "the dead consumer's three were redeliveries")
+}
+
+// A submitter whose ctx ends before the answer comes gets an error matching
+// both ErrConflict and ctx's error, and the Observer hears that it gave up.
+func TestSubmitWithoutAnswerIsAConflict(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	var seen events
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1, Observer: &seen}) // nobody consumes
+	const wait = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(t.Context(), wait)
+	defer cancel()
+	_, err := producer.Submit(ctx, "k", []byte("x"))
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, []int{0}, seen.of(contend.EventGaveUp, "k"))
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	require.GreaterOrEqual(t, seen.all[0].Wait, wait*2/3)
+	require.ErrorIs(t, seen.all[0].Err, contend.ErrConflict)
 }

@@ -45,7 +45,14 @@ func (q *Queue) Stats(ctx context.Context) (queue.Stats, error) {
 				depth = g.Lag + g.Pending
 			}
 		}
-		ps := q.counters[p].Snapshot(int(depth))
+		c := &q.counters[p]
+		ps := queue.PartitionStats{
+			Depth:        int(depth),
+			InFlight:     c.InFlight.Load(),
+			Handled:      c.Handled.Load(),
+			Redeliveries: c.Redeliveries.Load(),
+			DeadLetters:  c.DeadLetters.Load(),
+		}
 		s.Partitions[p] = ps
 		s.PartitionStats.Add(ps)
 	}
