@@ -1,0 +1,151 @@
+package otelobserve_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/examples/otelobserve"
+	"github.com/contend/contend/internal/testserver"
+)
+
+func TestMain(m *testing.M) { testserver.Main(m) }
+
+type env struct {
+	obs    *otelobserve.Observer
+	reader *sdkmetric.ManualReader
+	spans  *tracetest.SpanRecorder
+	tracer trace.Tracer // the application's, for the callers' spans
+}
+
+func setup(t *testing.T) env {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() {
+		require.NoError(t, tp.Shutdown(context.Background()))
+		require.NoError(t, mp.Shutdown(context.Background()))
+	})
+	obs, err := otelobserve.New(mp, tp)
+	require.NoError(t, err)
+	return env{obs: obs, reader: reader, spans: spans, tracer: tp.Tracer("test")}
+}
+
+// metrics collects what the reader holds: each histogram's count and each
+// counter's sum, by name, over all attributes.
+func (e env) metrics(t *testing.T) map[string]int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, e.reader.Collect(t.Context(), &rm))
+	got := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		require.Equal(t, otelobserve.ScopeName, sm.Scope.Name)
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					got[m.Name] += int64(p.Count)
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					got[m.Name] += p.Value
+				}
+			}
+		}
+	}
+	return got
+}
+
+// A real distlock Client on the real Redis: a Do, a conflict and a lost
+// lock become metrics, and spans that are children of the caller's span and
+// cover each call from its start.
+func TestDistlockEventsBecomeMetricsAndSpans(t *testing.T) {
+	e := setup(t)
+	rdb, prefix := testserver.Redis(t)
+	c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, Observer: e.obs})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
+
+	ctx, request := e.tracer.Start(t.Context(), "request")
+	const work = 20 * time.Millisecond
+	require.NoError(t, c.Do(ctx, "job", func(context.Context) error {
+		time.Sleep(work)
+		return nil
+	}))
+
+	held, err := c.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	_, err = c.TryObtain(ctx, "job", time.Minute)
+	require.ErrorIs(t, err, contend.ErrConflict)
+	// The lease ran out and another holder took the key, with the next
+	// fencing token: the release finds the lock gone.
+	require.NoError(t, rdb.Set(ctx, prefix+"{job}", "intruder", time.Minute).Err())
+	require.NoError(t, rdb.Incr(ctx, prefix+"{job}:fence").Err())
+	require.ErrorIs(t, held.Release(ctx), contend.ErrLockLost)
+	request.End()
+
+	require.Equal(t, map[string]int64{
+		"contend.wait":      2, // the two obtains
+		"contend.hold":      2, // released and lost
+		"contend.conflicts": 1,
+		"contend.losses":    1,
+	}, e.metrics(t))
+
+	var calls []sdktrace.ReadOnlySpan
+	for _, s := range e.spans.Ended() {
+		if s.Name() == "contend.distlock" {
+			calls = append(calls, s)
+		}
+	}
+	require.Len(t, calls, 3, "one span per call: the Do, the conflict, the lost hold")
+	for _, s := range calls {
+		require.Equal(t, request.SpanContext().SpanID(), s.Parent().SpanID(), "a child of the caller's span")
+		require.Equal(t, request.SpanContext().TraceID(), s.SpanContext().TraceID())
+	}
+	do, conflict, lost := calls[0], calls[1], calls[2]
+	require.GreaterOrEqual(t, do.EndTime().Sub(do.StartTime()), work, "the span covers the call from its start")
+	require.Len(t, do.Events(), 1)
+	require.Equal(t, "obtained", do.Events()[0].Name)
+	require.Equal(t, codes.Unset, do.Status().Code)
+	require.Equal(t, codes.Error, conflict.Status().Code)
+	require.Equal(t, "conflict", conflict.Status().Description)
+	require.Equal(t, codes.Error, lost.Status().Code)
+	require.Equal(t, "lost", lost.Status().Description)
+	attrs := map[string]any{}
+	for _, kv := range do.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.AsInterface()
+	}
+	require.Equal(t, "job", attrs["contend.key"])
+	require.Equal(t, "distlock", attrs["contend.strategy"])
+	require.Positive(t, attrs["contend.fence"])
+}
+
+// Retries and failures count, and mark the span in ctx rather than make
+// spans of their own.
+func TestRetriesAndFailuresAnnotateTheCallersSpan(t *testing.T) {
+	e := setup(t)
+	ctx, span := e.tracer.Start(t.Context(), "update")
+	e.obs.Observe(ctx, contend.Event{Kind: contend.EventRetry, Strategy: "optimistic", Key: "k", Attempts: 1, Err: contend.ErrConflict})
+	e.obs.Observe(ctx, contend.Event{Kind: contend.EventFailed, Strategy: "queue", Key: "k", Attempts: 2, Err: context.DeadlineExceeded})
+	span.End()
+	require.Equal(t, map[string]int64{"contend.retries": 1, "contend.failures": 1}, e.metrics(t))
+	ended := e.spans.Ended()
+	require.Len(t, ended, 1)
+	var names []string
+	for _, ev := range ended[0].Events() {
+		names = append(names, ev.Name)
+	}
+	require.Equal(t, []string{"contend.retry", "contend.failed"}, names)
+}
