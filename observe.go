@@ -88,7 +88,9 @@ type Event struct {
 //	             DeadLettered after its last; GaveUp (Wait) when a caller's
 //	             ctx ends while it waits for room in a full partition or for
 //	             its job to start (Submit, Do), or for an answer (redisq).
-//	             Jobs handled at once report nothing: see Stats.
+//	             Jobs handled at once report nothing: see Stats. Queue.Do
+//	             reports Obtained (Wait) when fn starts and Released (Hold,
+//	             fn's error) when it returns.
 //	atomic,      not wired yet.
 //	pessimistic,
 //	optimistic

@@ -82,6 +82,8 @@
 // dead-lettered, and each caller whose ctx ended while it waited for room
 // or for its job to start (gave-up); those callers get an error matching
 // both [contend.ErrConflict] and ctx's error, as a distlock waiter does.
+// [Queue.Do], the guard, reports as a lock does: obtained when fn starts,
+// released when it returns, with how long it waited and ran.
 // [contend.SlogObserver] logs the events.
 //
 // # When not to use it

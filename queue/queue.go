@@ -117,8 +117,11 @@ type Config struct {
 	// (contend.EventDeadLettered), on the partition's worker goroutine,
 	// and of callers whose ctx ended while they waited for room or for
 	// their job to start (contend.EventGaveUp), on theirs. Jobs handled
-	// at once report nothing: count them with [Queue.Stats]. It must not
-	// block. Default: nil, no events, at no cost.
+	// at once report nothing: count them with [Queue.Stats]. [Queue.Do]
+	// reports as a lock does: contend.EventObtained when fn starts (Wait,
+	// since Do was called), contend.EventReleased when it returns (Hold,
+	// and fn's error), with Do's ctx. It must not block. Default: nil, no
+	// events, at no cost.
 	Observer contend.Observer
 }
 
@@ -411,7 +414,7 @@ func (q *Queue) Do(ctx context.Context, key string, fn func(ctx context.Context)
 		return fmt.Errorf("queue: nil fn: %w", contend.ErrInvalid)
 	}
 	began := q.clock()
-	w := &waiter{fn: fn, ctx: ctx, reply: make(chan outcome, 1)}
+	w := &waiter{fn: fn, ctx: ctx, began: began, reply: make(chan outcome, 1)}
 	if err := q.put(ctx, item{key: key, w: w}); err != nil {
 		return err
 	}
@@ -467,6 +470,7 @@ type item struct {
 type waiter struct {
 	fn    func(context.Context) error // set for Do
 	ctx   context.Context             // Do's ctx, handed to fn
+	began time.Time                   // when Do was called, if observed
 	reply chan outcome                // buffered, so a worker never waits on it
 	state atomic.Int32                // pending, running or withdrawn
 }
@@ -552,7 +556,7 @@ func (q *Queue) runItems(ctx context.Context, pc *partitionCounters, items, batc
 				it.answer(outcome{err: ErrClosed})
 				continue
 			}
-			q.runFn(it.w)
+			q.runFn(it.key, it.w)
 			continue
 		}
 		if q.cfg.BatchHandler == nil {
@@ -585,10 +589,19 @@ func (q *Queue) runItems(ctx context.Context, pc *partitionCounters, items, batc
 
 func (q *Queue) aborted() bool { return q.abortFlag.Load() }
 
-func (q *Queue) runFn(w *waiter) {
-	if err := context.Cause(w.ctx); err != nil {
-		w.reply <- outcome{err: err}
+// runFn runs Do's fn for key and answers its caller; an Observer hears of
+// it as of a lock's hold: obtained when fn starts, released when it returns.
+func (q *Queue) runFn(key string, w *waiter) {
+	if w.ctx.Err() != nil {
+		w.reply <- outcome{err: q.gaveUp(w.ctx, key, w.began, "fn withdrawn before it started", queuecore.CtxErr(w.ctx))}
 		return
+	}
+	var started time.Time
+	if q.cfg.Observer != nil {
+		started = time.Now()
+		q.cfg.Observer.Observe(w.ctx, contend.Event{
+			Kind: contend.EventObtained, Strategy: queuecore.Strategy, Key: key, Wait: started.Sub(w.began), Attempts: 1,
+		})
 	}
 	var o outcome
 	func() {
@@ -599,6 +612,16 @@ func (q *Queue) runFn(w *waiter) {
 		}()
 		o.err = w.fn(w.ctx)
 	}()
+	if q.cfg.Observer != nil {
+		err := o.err
+		if o.panicked {
+			err = fmt.Errorf("%w: %v", ErrPanic, o.panicValue)
+		}
+		q.cfg.Observer.Observe(w.ctx, contend.Event{
+			Kind: contend.EventReleased, Strategy: queuecore.Strategy, Key: key,
+			Wait: started.Sub(w.began), Hold: time.Since(started), Attempts: 1, Err: err,
+		})
+	}
 	w.reply <- o
 }
 

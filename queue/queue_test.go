@@ -339,6 +339,44 @@ func TestWaitCutShortIsAConflict(t *testing.T) {
 	}
 }
 
+// Do, the guard, reports as a lock's hold does: obtained when fn starts,
+// released with how long it ran and its error when it returns, each with
+// Do's ctx.
+func TestDoReportsAsAHold(t *testing.T) {
+	t.Parallel()
+	type callKey struct{}
+	events := make(chan contend.Event, 8)
+	q := start(t, queue.Config{
+		Partitions: 1, Handler: echo,
+		Observer: contend.ObserverFunc(func(ctx context.Context, e contend.Event) {
+			if ctx.Value(callKey{}) == nil {
+				e.Err = errors.New("no call context")
+			}
+			events <- e
+		}),
+	})
+	ctx := context.WithValue(t.Context(), callKey{}, "call")
+	const work = 20 * time.Millisecond
+	errFn := errors.New("fn failed")
+	err := q.Do(ctx, "k", func(context.Context) error {
+		time.Sleep(work)
+		return errFn
+	})
+	require.ErrorIs(t, err, errFn)
+	obtained, released := <-events, <-events
+	require.Equal(t, contend.EventObtained, obtained.Kind)
+	require.NoError(t, obtained.Err)
+	require.Equal(t, contend.EventReleased, released.Kind)
+	require.ErrorIs(t, released.Err, errFn)
+	for _, e := range []contend.Event{obtained, released} {
+		require.Equal(t, "queue", e.Strategy)
+		require.Equal(t, "k", e.Key)
+		require.Equal(t, 1, e.Attempts)
+		require.Positive(t, e.Wait)
+	}
+	require.GreaterOrEqual(t, released.Hold, work)
+}
+
 // Errors that Retryable rejects are dead-lettered on their first delivery.
 func TestNotRetryable(t *testing.T) {
 	t.Parallel()
