@@ -150,8 +150,13 @@ type Config struct {
 	// partition's worker goroutine; and of submitters whose ctx ended
 	// before the answer came (contend.EventGaveUp), on theirs. A delivery
 	// cut short because the lease was lost or Run is ending is no failure:
-	// the job is handed over, and reports nothing. The events carry
-	// Strategy "queue". It must not block. Default: nil, no events.
+	// the job is handed over, and reports nothing. These events carry
+	// Strategy "queue". The Observer also hears of the partition leases,
+	// as events of Strategy "distlock" and Key "partition:" and the
+	// partition's number: a lease taken, handed back, lost (the instance
+	// stops the partition's jobs), or a refresh or release that failed;
+	// not the tries at partitions other instances hold. It must not block.
+	// Default: nil, no events.
 	Observer contend.Observer
 	// LeaseTTL is the lease of a partition: a dead instance's partitions
 	// move after at most this long. Default: 5s.
@@ -242,7 +247,9 @@ func New(cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, err
 	}
-	locks, err := distlock.NewClient(cfg.Redis, distlock.Config{Prefix: cfg.Prefix + "lease:", TTL: cfg.LeaseTTL})
+	locks, err := distlock.NewClient(cfg.Redis, distlock.Config{
+		Prefix: cfg.Prefix + "lease:", TTL: cfg.LeaseTTL, Observer: leaseObserver(cfg.Observer),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("redisq: %w", err)
 	}
@@ -814,6 +821,20 @@ func (q *Queue) again(ctx context.Context, p int, ds []delivery, on func() bool)
 		ds[i].job.Attempt++
 	}
 	return true
+}
+
+// leaseObserver forwards to o what operators need to hear of the partition
+// leases: each balancing round tries the partitions other instances hold,
+// and those conflicts are routine.
+func leaseObserver(o contend.Observer) contend.Observer {
+	if o == nil {
+		return nil
+	}
+	return contend.ObserverFunc(func(ctx context.Context, e contend.Event) {
+		if e.Kind != contend.EventConflict {
+			o.Observe(ctx, e)
+		}
+	})
 }
 
 // report reports an event of job's delivery under ctx, the partition

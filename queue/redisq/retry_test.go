@@ -135,11 +135,19 @@ func testBatchPoison(t *testing.T, client redis.UniversalClient, prefix string) 
 	require.Equal(t, []int{1, 1, 2, 2}, seen.of(contend.EventFailed, "k"), "the batch's failures are its jobs' too")
 	require.Empty(t, seen.of(contend.EventDeadLettered, "k"))
 	seen.mu.Lock()
+	leases := map[contend.EventKind]int{}
 	for _, e := range seen.all {
-		require.Equal(t, "queue", e.Strategy)
 		require.Positive(t, e.Fence, "a delivery's events carry its partition lease's fencing token")
+		if e.Strategy == "distlock" {
+			require.Equal(t, "partition:0", e.Key)
+			leases[e.Kind]++
+			continue
+		}
+		require.Equal(t, "queue", e.Strategy)
 	}
 	seen.mu.Unlock()
+	require.Equal(t, map[contend.EventKind]int{contend.EventObtained: 1}, leases,
+		"the consumer's lease on the partition, and no conflict of the other instance's tries")
 
 	waitDepth(t, consumer, 0) // the answer comes before the acknowledgement
 	s, err := consumer.Stats(t.Context())
