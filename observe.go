@@ -63,9 +63,11 @@ type Event struct {
 	// Fence is the fencing token of the hold, where the strategy has one
 	// (distlock's [Client]; a redisq partition's lease), else 0.
 	Fence int64
-	// Err says why, for the kinds that end in failure: for EventConflict
-	// and EventGaveUp it matches [ErrConflict], for EventLost
-	// [ErrLockLost]. On EventReleased it is the error fn returned, if any.
+	// Err says why, for the kinds that end in failure. For EventConflict
+	// and EventGaveUp it is the error the call returns, which matches
+	// [ErrConflict] (and ctx's error when ctx ended the wait) unless the
+	// guard was closed; for EventLost it matches [ErrLockLost]. On
+	// EventReleased it is the error fn returned, if any.
 	Err error
 }
 
@@ -90,7 +92,10 @@ type Event struct {
 //	             its job to start (Submit, Do), or for an answer (redisq).
 //	             Jobs handled at once report nothing: see Stats. Queue.Do
 //	             reports Obtained (Wait) when fn starts and Released (Hold,
-//	             fn's error) when it returns.
+//	             fn's error) when it returns. redisq's events carry the
+//	             partition lease's Fence, and it passes on its leases' own
+//	             events (strategy "distlock", key "partition:N"), all but
+//	             conflicts.
 //	atomic,      not wired yet.
 //	pessimistic,
 //	optimistic
