@@ -47,6 +47,11 @@
 //	queue.Queue           queues (backpressure)      no                  no, one process only    jobs die with the process
 //	queue/redisq          queues in a Redis stream   at least once       yes (a partition lease) lease expires, another instance redelivers
 //
+// Each guard says so in code too: its Promises method returns the
+// [Promises] above as values, and [Promises.Keeps] names what a switch from
+// one guard to another would lose, so a call site (or its test) can check
+// the guard it was given.
+//
 // The optimistic guard takes no lock before fn, but its final version check
 // still waits briefly for a concurrent attempt that is committing the same row.
 //
@@ -109,6 +114,16 @@
 // hold ended before fn returned; [ErrInvalid] for bad input; ctx's error when
 // the caller gave up; or the backend's error, which stays reachable with
 // [errors.As]. Match them with [errors.Is].
+//
+// # Observing
+//
+// Every strategy reports what it does (obtained, conflict, retry, gave up,
+// released, lost, failed) through one [Observer] set in its config, as one
+// [Event] shape: key, strategy, wait and hold times, attempts, fencing
+// token, error. [SlogObserver] logs them; an OpenTelemetry adapter (metrics
+// and a span per guarded call) is in the repository's examples, to keep
+// OpenTelemetry out of this module's dependencies. With no Observer set,
+// nothing is built and no clock is read.
 //
 // # Retries
 //
