@@ -14,31 +14,40 @@ import (
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/workload"
+	"github.com/contend/contend/pgxdb"
 )
 
 // Benchmarks pair each library call with `raw`, the bare statement through
-// database/sql, in the same run: BenchmarkUpdate/raw/hot/driver=pgx/workers=8
+// the same driver, in the same run: BenchmarkUpdate/raw/hot/driver=pgx/workers=8
 // beside BenchmarkUpdate/contend/hot/driver=pgx/workers=8, so benchratio (or
-// benchstat) shows the library's overhead as a ratio. Workers share a pool of
-// testserver.MaxConns connections.
+// benchstat) shows the library's overhead as a ratio. Under
+// driver=pgx-native, raw is a *pgxpool.Pool's Exec and contend the same
+// pool wrapped by pgxdb.Wrap. Workers share a pool of testserver.MaxConns
+// connections.
 
 var benchWorkers = []int{1, 8, 64}
 
 // benchmark runs every impl on every workload, driver and worker count; newOp
-// builds an impl's operation on a fresh database that setup prepared.
-func benchmark(b *testing.B, impls []string, setup func(b *testing.B, db *sqlx.DB, keys []string),
-	newOp func(b *testing.B, impl string, db *sqlx.DB) func(ctx context.Context, key string) error) {
+// builds an impl's operation on a fresh database that setup prepared, given
+// through driver as h (a testserver.Native pool under pgx-native, else db).
+func benchmark(b *testing.B, impls, drivers []string, setup func(b *testing.B, db *sqlx.DB, keys []string),
+	newOp func(b *testing.B, impl string, db *sqlx.DB, h contend.DB) func(ctx context.Context, key string) error) {
 	for _, impl := range impls {
 		b.Run(impl, func(b *testing.B) {
 			for _, w := range workload.Choices() {
 				b.Run(w.Name, func(b *testing.B) {
-					for _, driver := range testserver.Drivers {
+					for _, driver := range drivers {
 						b.Run("driver="+driver, func(b *testing.B) {
 							for _, workers := range benchWorkers {
 								b.Run("workers="+strconv.Itoa(workers), func(b *testing.B) {
-									db := testserver.DB(b, driver)
+									url := testserver.Postgres(b)
+									db := testserver.Open(b, driver, url)
 									setup(b, db, w.Keys)
-									op := newOp(b, impl, db)
+									var h contend.DB = db
+									if driver == testserver.PgxNative {
+										h = testserver.OpenNative(b, url)
+									}
+									op := newOp(b, impl, db, h)
 									workload.Parallel(b, workers, func(ctx context.Context) error { return op(ctx, w.Pick()) })
 								})
 							}
@@ -51,9 +60,28 @@ func benchmark(b *testing.B, impls []string, setup func(b *testing.B, db *sqlx.D
 }
 
 func BenchmarkUpdate(b *testing.B) {
-	benchmark(b, []string{"raw", "contend"},
+	benchmark(b, []string{"raw", "contend"}, testserver.AllDrivers,
 		func(b *testing.B, db *sqlx.DB, keys []string) { workload.Products(b, db, 1<<40, keys...) },
-		func(b *testing.B, impl string, db *sqlx.DB) func(ctx context.Context, key string) error {
+		func(b *testing.B, impl string, db *sqlx.DB, h contend.DB) func(ctx context.Context, key string) error {
+			if native, ok := h.(testserver.Native); ok {
+				if impl == "raw" {
+					return func(ctx context.Context, key string) error {
+						tag, err := native.Pool.Exec(ctx, decrement, key)
+						if err == nil && tag.RowsAffected() != 1 {
+							err = errors.New("not applied")
+						}
+						return err
+					}
+				}
+				db := pgxdb.Wrap(native.Pool) // as an application wraps its pool
+				return func(ctx context.Context, key string) error {
+					applied, err := atomic.Update(ctx, db, decrement, key)
+					if err == nil && !applied {
+						err = errors.New("not applied")
+					}
+					return err
+				}
+			}
 			if impl == "raw" {
 				return func(ctx context.Context, key string) error {
 					res, err := db.ExecContext(ctx, decrement, key)
@@ -79,9 +107,9 @@ func BenchmarkClaimRelease(b *testing.B) {
 		claimSQL   = `UPDATE bots SET engine_id = $2 WHERE id = $1 AND engine_id IS NULL`
 		releaseSQL = `UPDATE bots SET engine_id = NULL WHERE id = $1 AND engine_id = $2`
 	)
-	benchmark(b, []string{"raw", "contend"},
+	benchmark(b, []string{"raw", "contend"}, testserver.Drivers,
 		func(b *testing.B, db *sqlx.DB, keys []string) { bots(b, db, keys...) },
-		func(b *testing.B, impl string, db *sqlx.DB) func(ctx context.Context, key string) error {
+		func(b *testing.B, impl string, db *sqlx.DB, _ contend.DB) func(ctx context.Context, key string) error {
 			if impl == "raw" {
 				claim, release := prepare(b, db, claimSQL), prepare(b, db, releaseSQL)
 				return func(ctx context.Context, key string) error {

@@ -87,8 +87,9 @@ func Querier(ctx context.Context, h Handle) Handle {
 
 // WithQuerier returns a context that carries tx as the transaction a
 // guard's call joins and [Querier] returns: the pgx twin of
-// [contend.WithQuerier]. Guards call it for their own transactions;
-// application code rarely needs it.
+// [contend.WithQuerier]. Guards put their own transactions in ctx this
+// way; application code needs it only to make a transaction of its own,
+// begun on the pool, one that guards on the pool join.
 func WithQuerier(ctx context.Context, tx pgx.Tx) context.Context {
 	return sqldb.WithTx(ctx, tx)
 }
@@ -116,6 +117,12 @@ func (d *db) Release() {
 
 func (d *db) ContendDB() (sqldb.DB, error) { return d, nil }
 
+// StatementsEndWithCtx marks d as [sqldb.EndsWithCtx]: pgx's default
+// context watcher puts a deadline on the connection when ctx ends, and a
+// configured one that first asks the server to cancel still sets one after
+// its delay.
+func (d *db) StatementsEndWithCtx() {}
+
 func (d *db) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	tag, err := d.h.Exec(ctx, query, args...)
 	if err != nil {
@@ -129,7 +136,7 @@ func (d *db) QueryRow(ctx context.Context, query string, args ...any) sqldb.Row 
 }
 
 func (d *db) Query(ctx context.Context, query string, args ...any) (sqldb.Rows, error) {
-	return query_(ctx, d.h, query, args)
+	return queryRows(ctx, d.h, query, args)
 }
 
 func (d *db) Tx() sqldb.Tx {
@@ -219,7 +226,7 @@ func (t *tx) QueryRow(ctx context.Context, query string, args ...any) sqldb.Row 
 }
 
 func (t *tx) Query(ctx context.Context, query string, args ...any) (sqldb.Rows, error) {
-	return query_(ctx, t.h, query, args)
+	return queryRows(ctx, t.h, query, args)
 }
 
 func (t *tx) Context(ctx context.Context) context.Context { return sqldb.WithTx(ctx, t.h) }
@@ -227,7 +234,7 @@ func (t *tx) DBTX() contend.DBTX                          { return nil }
 func (t *tx) Commit(ctx context.Context) error            { return t.h.Commit(ctx) }
 func (t *tx) Rollback(ctx context.Context) error          { return t.h.Rollback(ctx) }
 
-func query_(ctx context.Context, h Handle, query string, args []any) (sqldb.Rows, error) {
+func queryRows(ctx context.Context, h Handle, query string, args []any) (sqldb.Rows, error) {
 	r, err := h.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err

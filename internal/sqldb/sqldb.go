@@ -117,6 +117,14 @@ type DB interface {
 	Prepare(ctx context.Context, query string) (Stmt, error)
 }
 
+// EndsWithCtx is implemented by handles whose statements return when their
+// ctx ends, whatever the network does: pgx's, whose context watcher puts a
+// deadline on the connection at once. A statement on one needs no watching
+// (txn.Watch) to keep a call within its ctx.
+type EndsWithCtx interface {
+	StatementsEndWithCtx()
+}
+
 // Wrapped is a handle of another driver, made by that driver's package
 // (pgxdb.Wrap), that [Open] accepts.
 type Wrapped interface {
@@ -154,17 +162,6 @@ func IsNil(db any) bool {
 		return v.IsNil()
 	}
 	return false
-}
-
-// Exec runs query on db once, with no transaction of its own: the single
-// statement of atomic.Update. It skips [Open]'s classification, which a
-// statement does not need, so it costs nothing per call on either driver.
-func Exec(ctx context.Context, db contend.DB, query string, args ...any) (int64, error) {
-	q, err := Statements(db)
-	if err != nil {
-		return 0, err
-	}
-	return q.Exec(ctx, query, args...)
 }
 
 // Statements returns db as a [Querier] for statements run outside any
