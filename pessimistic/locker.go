@@ -106,7 +106,9 @@ type Config struct {
 // a lease, a slow holder never loses it while still working).
 //
 // fn gets the transaction and nothing else, as an argument and through
-// [contend.Querier]; it must run every statement on it. A statement sent
+// [contend.Querier]; it must run every statement on it. Under a pgx handle
+// (package pgxdb) fn reaches the guard's pgx.Tx with pgxdb.Querier, and the
+// database/sql argument is nil. A statement sent
 // through the pool instead runs outside the transaction (it commits even if
 // the transaction rolls back), and if it touches a row the transaction
 // locked it waits for the goroutine's own lock, forever: the server sees two
@@ -214,9 +216,7 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 // [contend.ErrConflict] and ctx's error when ctx ended while the lock was
 // awaited; ctx's error when ctx ended before or after; or the backend's
 // error.
-//
-// Under a pgx handle (see package pgxdb) tx is nil: fn reaches the
-// guard's pgx.Tx with pgxdb.Querier.
+
 func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
 	if key == "" {
 		return fmt.Errorf("pessimistic: lock: empty key: %w", contend.ErrInvalid)

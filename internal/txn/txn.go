@@ -55,27 +55,6 @@ type Handle struct {
 // Owned reports whether the guard owns its transactions.
 func (h Handle) Owned() bool { return h.Tx == nil }
 
-// Open classifies db, a [contend.DB]: a transaction ([*sql.Tx], sqlx's Tx,
-// a wrapped pgx.Tx), run in and never committed, or a pool ([*sql.DB],
-// [*sql.Conn], sqlx's DB and Conn, anything with database/sql's BeginTx, a
-// wrapped *pgxpool.Pool or *pgx.Conn), on which transactions are begun.
-// Anything else gives an error matching [contend.ErrInvalid].
-//
-// Nothing is guessed at. A wrapper with only [contend.DBTX]'s methods
-// might be either; taken for a transaction, its statements would run in
-// autocommit: a lock would end with the statement that took it and fn would
-// run unlocked.
-func Open(db contend.DB) (sqldb.DB, error) { return sqldb.Open(db) }
-
-// Check reports [Open]'s error, if any.
-func Check(db contend.DB) error {
-	_, err := sqldb.Open(db)
-	return err
-}
-
-// IsNil reports whether db is nil or a typed nil, such as a nil [*sql.DB].
-func IsNil(db contend.DB) bool { return sqldb.IsNil(db) }
-
 // Resolve decides where a call on d runs. A transaction runs the call in
 // itself. A pool runs it in the transaction ctx carries ([contend.Querier]
 // or pgxdb.Querier: fn of another SQL guard, or of an outer call), so nested
