@@ -42,6 +42,13 @@ type ClaimConfig struct {
 	// [context.DeadlineExceeded] and the claim may still be held: until its
 	// lease passes, or, without a lease column, until cleared. Default: 5s.
 	FinishTimeout time.Duration
+	// Observer, when set, hears what the claimer's claims do: claims made,
+	// with how long the claim took; keys found held; statements that failed;
+	// and the end of each claim, released or lost, with how long it was held
+	// ([contend.EventKind] lists when each is reported). It runs on the
+	// caller's goroutine, or on the one extending Do's lease, and must not
+	// block. Default: nil, no events, at no cost.
+	Observer contend.Observer
 }
 
 // Defaults of [ClaimConfig].
@@ -83,6 +90,9 @@ type Claimer struct {
 	release sqldb.Stmt // $1 key, $2 token
 	extend  sqldb.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
 	holds   keepalive.Timers
+
+	observer contend.Observer // nil: report nothing
+	tracked  claims           // of Claim and ClaimAs, when observed
 }
 
 var _ contend.Guard = (*Claimer)(nil)
@@ -136,7 +146,7 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s IS NULL`, table, owner, key, owner)
 	releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)
 	var extendSQL string
-	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d}
+	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, observer: cfg.Observer}
 	if cfg.LeaseColumn != "" {
 		lease, err := sqlident.Quote("atomic: lease column", cfg.LeaseColumn)
 		if err != nil {
@@ -212,6 +222,20 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 	if token == "" {
 		return fmt.Errorf("atomic: claim %q: empty token: %w", key, contend.ErrInvalid)
 	}
+	if c.observer == nil {
+		return c.claimRow(ctx, key, token)
+	}
+	began := time.Now()
+	err := c.claimRow(ctx, key, token)
+	claimed := c.reportClaim(ctx, key, began, err)
+	if err == nil {
+		c.tracked.made(key, token, claimed, claimed.Sub(began))
+	}
+	return err
+}
+
+// claimRow makes the claim of ClaimAs, reporting nothing.
+func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 	args := []any{key, token}
 	if c.lease > 0 {
 		args = append(args, c.lease.Microseconds())
@@ -240,6 +264,24 @@ func (c *Claimer) Release(ctx context.Context, key, token string) (released bool
 	if err := checkKey("release", key); err != nil {
 		return false, err
 	}
+	released, err = c.releaseRow(ctx, key, token)
+	if c.observer != nil {
+		if err != nil {
+			c.reportFailed(ctx, key, err)
+			return false, err
+		}
+		var lost error
+		if !released {
+			lost = gone(key)
+		}
+		h := c.tracked.get(key, token, true)
+		c.reportEnd(ctx, key, h, nil, lost, nil)
+	}
+	return released, err
+}
+
+// releaseRow is Release, reporting nothing.
+func (c *Claimer) releaseRow(ctx context.Context, key, token string) (released bool, err error) {
 	released, err = c.applied(ctx, c.release, key, token)
 	if err != nil {
 		return false, fmt.Errorf("atomic: release %q: %w", key, err)
@@ -257,6 +299,19 @@ func (c *Claimer) Extend(ctx context.Context, key, token string) (extended bool,
 	if c.extend == nil {
 		return false, fmt.Errorf("atomic: extend %q: claimer has no lease column: %w", key, contend.ErrInvalid)
 	}
+	extended, err = c.extendRow(ctx, key, token)
+	switch {
+	case c.observer == nil:
+	case err != nil:
+		c.reportFailed(ctx, key, err)
+	case !extended:
+		c.reportEnd(ctx, key, c.tracked.get(key, token, false), nil, gone(key), nil)
+	}
+	return extended, err
+}
+
+// extendRow is Extend, reporting nothing.
+func (c *Claimer) extendRow(ctx context.Context, key, token string) (extended bool, err error) {
 	extended, err = c.applied(ctx, c.extend, key, token, c.lease.Microseconds())
 	if err != nil {
 		return false, fmt.Errorf("atomic: extend %q: %w", key, err)
@@ -294,21 +349,32 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 	inTx := c.onTx || outer != nil
 	tok := newToken()
 	began := time.Now()
-	if err := c.ClaimAs(ctx, key, tok); err != nil {
+	err = c.claimRow(ctx, key, tok)
+	var h held
+	if c.observer != nil {
+		h.at = c.reportClaim(ctx, key, began, err)
+		h.wait = h.at.Sub(began)
+	}
+	if err != nil {
 		return err
 	}
 	if inTx {
-		return c.doInTx(ctx, key, tok, fn)
+		return c.doInTx(ctx, key, tok, h, fn)
 	}
 	runCtx := ctx
 	var hold *keepalive.Hold
 	if c.lease > 0 {
 		hold = c.holds.Start(ctx, began, c.lease, func(ctx context.Context) (bool, error) {
-			return c.Extend(ctx, key, tok)
+			extended, err := c.extendRow(ctx, key, tok)
+			if err != nil && c.observer != nil {
+				c.reportFailed(ctx, key, err)
+			}
+			return extended, err
 		})
 		runCtx = hold.Context()
 	}
 	defer func() {
+		fnErr := err
 		var lost error
 		if hold != nil {
 			lost = hold.Stop()
@@ -323,6 +389,9 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 		if lost != nil {
 			err = errors.Join(lost, err)
 		}
+		if c.observer != nil {
+			c.reportEnd(ctx, key, h, rerr, lost, fnErr)
+		}
 	}()
 	return fn(runCtx)
 }
@@ -330,14 +399,20 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 // doInTx runs fn and releases in the transaction that made the claim. The
 // release runs even when fn failed or panicked, so that a caller who goes on
 // with the transaction does not commit a claim nobody holds.
-func (c *Claimer) doInTx(ctx context.Context, key, tok string, fn func(ctx context.Context) error) (err error) {
+func (c *Claimer) doInTx(ctx context.Context, key, tok string, h held, fn func(ctx context.Context) error) (err error) {
 	defer func() {
-		released, rerr := c.Release(ctx, key, tok)
+		fnErr := err
+		released, rerr := c.releaseRow(ctx, key, tok)
+		var lost error
 		switch {
 		case rerr != nil:
 			err = errors.Join(err, rerr)
 		case !released:
-			err = errors.Join(fmt.Errorf("atomic: claim %q was gone when fn returned: %w", key, contend.ErrLockLost), err)
+			lost = fmt.Errorf("atomic: claim %q was gone when fn returned: %w", key, contend.ErrLockLost)
+			err = errors.Join(lost, err)
+		}
+		if c.observer != nil {
+			c.reportEnd(ctx, key, h, rerr, lost, fnErr)
 		}
 	}()
 	return fn(ctx)
@@ -354,7 +429,7 @@ func (c *Claimer) releaseAfter(ctx context.Context, key, tok string) (released b
 	// The answer travels as the error only: a release given up on still
 	// finishes, and must write nothing Do reads.
 	err = txn.Within("atomic: release "+strconv.Quote(key), c.finish, func() error {
-		released, err := c.Release(rctx, key, tok)
+		released, err := c.releaseRow(rctx, key, tok)
 		if err == nil && !released {
 			return errNotReleased
 		}

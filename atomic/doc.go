@@ -35,6 +35,11 @@
 // only once the server answers, or the kernel gives up on a silent
 // connection).
 //
+// [ClaimConfig.Observer] hears, as a [contend.Event] of strategy "atomic",
+// every claim made (with how long it took) or found held, and the end of
+// every claim, released or lost, with how long it was held; [Update] has no
+// configuration and reports nothing.
+//
 // Statements use PostgreSQL's $n placeholders and work with lib/pq, pgx's
 // stdlib driver, and pgx's native pool, connection or transaction wrapped by
 // pgxdb.Wrap, through one code path.
