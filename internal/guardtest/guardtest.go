@@ -104,6 +104,17 @@ func Run(t *testing.T, s Suite) {
 	if s.Ops <= 0 {
 		s.Ops = 24
 	}
+	t.Run("promises", func(t *testing.T) {
+		// What the guard says of itself is what the rest of the suite
+		// checks it does.
+		g, _ := build(t, s)
+		p, ok := g.(contend.Promiser)
+		require.True(t, ok, "%T does not say what it promises", g)
+		got := p.Promises()
+		require.Equal(t, s.Exclusive, got.Exclusive, "Exclusive")
+		require.Equal(t, !s.FailFast, got.Waits, "Waits")
+		require.Equal(t, !s.SingleProcess, got.AcrossProcesses, "AcrossProcesses")
+	})
 	t.Run("no_lost_update/goroutines", func(t *testing.T) {
 		rep := Contend(t, s, harness.Config{Goroutines: 16, Ops: s.Ops, Keys: keys(3)})
 		rep.RequireHeld(t, s)
