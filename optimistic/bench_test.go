@@ -138,7 +138,7 @@ func BenchmarkUpdate(b *testing.B) {
 			}
 		}},
 		{"optimistic", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
-			s, err := optimistic.NewStore[account](db, optimistic.Config{Table: "accounts", Retry: benchRetry, Observe: countInto(attempts)})
+			s, err := optimistic.NewStore[account](db, optimistic.Config{Table: "accounts", Retry: benchRetry, Observer: countInto(attempts)})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -203,7 +203,7 @@ func BenchmarkGuard(b *testing.B) {
 			}
 		}},
 		{"optimistic", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
-			g, err := optimistic.NewGuard(db, optimistic.Config{Table: "accounts", Retry: benchRetry, Observe: countInto(attempts)})
+			g, err := optimistic.NewGuard(db, optimistic.Config{Table: "accounts", Retry: benchRetry, Observer: countInto(attempts)})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -216,7 +216,11 @@ func BenchmarkGuard(b *testing.B) {
 	})
 }
 
-// countInto returns a Config.Observe that adds each call's attempts to n.
-func countInto(n *atomic.Int64) func(key any, attempts int, err error) {
-	return func(_ any, attempts int, _ error) { n.Add(int64(attempts)) }
+// countInto returns a Config.Observer that adds each call's attempts to n.
+func countInto(n *atomic.Int64) contend.Observer {
+	return contend.ObserverFunc(func(_ context.Context, e contend.Event) {
+		if e.Kind != contend.EventRetry {
+			n.Add(int64(e.Attempts))
+		}
+	})
 }

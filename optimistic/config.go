@@ -41,15 +41,24 @@ type Config struct {
 	// COMMIT it never got once it notices the session is gone. A Store
 	// begins no transactions and ignores it. Default: 5s.
 	FinishTimeout time.Duration
-	// Observe, when set, is called once at the end of every [Store.Update]
-	// and [Guard.Do] with the key, the number of attempts made (each one a
-	// read, a run of fn and a version-checked write; 1 when nobody raced)
-	// and the error returned, so callers can see how contended their keys
-	// are and tune Retry (a histogram of attempts per key, say). It runs on
-	// the caller's goroutine after the operation, for every goroutine using
-	// the Store or Guard; keep it quick and safe for concurrent use.
-	// Default: nil.
-	Observe func(key any, attempts int, err error)
+	// Observer, when set, hears how every [Store.Update] and [Guard.Do]
+	// goes, as events of strategy "optimistic" keyed by fmt.Sprint(key).
+	// Nothing is locked, so nothing is obtained: a call reports
+	//   - Retry for each attempt it lost and will make again (Attempts is
+	//     that attempt; Err matches [contend.ErrConflict] when the version
+	//     moved, or is the deadlock or serialization failure);
+	//   - Released when it commits (Attempts in all; Hold is the last
+	//     attempt, from its read to its commit; Wait the time before it,
+	//     earlier attempts and backoff included), or when fn fails (Err is
+	//     fn's error; nothing was written);
+	//   - GaveUp when the attempts run out or ctx ends (Err is the error
+	//     returned);
+	//   - Conflict when it ran once in a transaction it does not own and
+	//     lost the race (retrying is the owner's part);
+	//   - Failed for any other error, a database's or a missing row's.
+	// It runs on the caller's goroutine and must not block. Default: nil,
+	// no events, at no cost.
+	Observer contend.Observer
 }
 
 // Defaults of [Config].

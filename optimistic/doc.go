@@ -35,8 +35,10 @@
 // effects. Store.Update's fn may run several times too, but it only changes
 // the value it is given.
 //
-// The number of attempts each Update and Do took reaches [Config.Observe], so
-// callers can see how contended their keys are and tune [Config.Retry].
+// [Config.Observer] hears, as a [contend.Event] of strategy "optimistic",
+// every attempt lost and retried and how each Update and Do ended, with its
+// attempts and the time its last attempt took, so callers can see how
+// contended their keys are and tune [Config.Retry].
 //
 // # Transactions and time
 //

@@ -158,9 +158,9 @@ func ExampleGuard_Do() {
 	ctx := context.Background()
 	guard, err := optimistic.NewGuard(db, optimistic.Config{
 		Table: "accounts",
-		Observe: func(key any, attempts int, err error) {
-			fmt.Printf("%v: %d attempt(s), err %v\n", key, attempts, err)
-		},
+		Observer: contend.ObserverFunc(func(_ context.Context, e contend.Event) {
+			fmt.Printf("%s %s: %d attempt(s), err %v\n", e.Kind, e.Key, e.Attempts, e.Err)
+		}),
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -181,7 +181,7 @@ func ExampleGuard_Do() {
 	_ = db.Get(&a, `SELECT * FROM accounts WHERE id = 'acc-1'`)
 	fmt.Println("balance:", a.Balance, "version:", a.Version)
 	// Output:
-	// acc-1: 1 attempt(s), err <nil>
+	// released acc-1: 1 attempt(s), err <nil>
 	// done: <nil>
 	// balance: 70 version: 1
 }

@@ -37,9 +37,9 @@ import (
 // A Guard is safe for simultaneous use by multiple goroutines. It never
 // closes the db it was given.
 type Guard struct {
-	db      sqldb.DB
-	opts    txn.Options
-	observe func(key any, attempts int, err error)
+	db       sqldb.DB
+	opts     txn.Options
+	observer contend.Observer // nil: report nothing
 
 	readSQL string // $1 key → version
 	bumpSQL string // $1 key, $2 version
@@ -72,11 +72,11 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 		return nil, err
 	}
 	return &Guard{
-		db:      d,
-		opts:    txn.Options{Retry: cfg.Retry, Retryable: isMoved, FinishTimeout: cfg.FinishTimeout},
-		observe: cfg.Observe,
-		readSQL: fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key),
-		bumpSQL: fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = $1 AND %s = $2", n.table, n.version, n.version, n.key, n.version),
+		db:       d,
+		opts:     txn.Options{Retry: cfg.Retry, Retryable: isMoved, FinishTimeout: cfg.FinishTimeout},
+		observer: cfg.Observer,
+		readSQL:  fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key),
+		bumpSQL:  fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = $1 AND %s = $2", n.table, n.version, n.version, n.key, n.version),
 	}, nil
 }
 
@@ -98,7 +98,14 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	if fn == nil {
 		return fmt.Errorf("optimistic: do %q: nil fn: %w", key, contend.ErrInvalid)
 	}
-	attempts, err := txn.RunTx(ctx, g.db, g.opts, func(ctx context.Context, tx sqldb.Tx) error {
+	var r *report
+	if g.observer != nil {
+		r = newReport(g.observer, key, g.opts.Retry)
+	}
+	attempt := func(ctx context.Context, tx sqldb.Tx) error {
+		if r != nil {
+			r.attempt()
+		}
 		var version int64
 		switch err := scanRow(ctx, tx, g.readSQL, []any{key}, &version); {
 		case sqldb.NoRows(err):
@@ -107,6 +114,9 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 			return fmt.Errorf("optimistic: do %q: read version: %w", key, err)
 		}
 		if err := fn(ctx); err != nil {
+			if r != nil {
+				r.fnErr = err
+			}
 			return err
 		}
 		// The check must be the transaction's last statement and must be on
@@ -136,7 +146,14 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 			return errMoved
 		}
 		return nil
-	})
+	}
+	var attempts int
+	var err error
+	if r == nil {
+		attempts, err = txn.RunTx(ctx, g.db, g.opts, attempt)
+	} else {
+		attempts, err = g.runObserved(ctx, r, attempt)
+	}
 	if err == errMoved {
 		// txn.Run returns the last attempt's error itself when the attempts
 		// ran out (and wraps it when ctx ended first). The row may also have
@@ -149,8 +166,8 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 		}
 		err = g.conflictOrGone(ctx, q, key, attempts)
 	}
-	if g.observe != nil {
-		g.observe(key, attempts, err)
+	if r != nil {
+		r.end(ctx, attempts, err)
 	}
 	return err
 }

@@ -93,7 +93,7 @@ func TestGuardDo(t *testing.T) {
 			db := testserver.DB(t, driver)
 			accounts(t, db, "a")
 			var obs observed
-			g := guard(t, db, optimistic.Config{Table: "accounts", Observe: obs.observe})
+			g := guard(t, db, optimistic.Config{Table: "accounts", Observer: &obs})
 			ctx := t.Context()
 
 			require.NoError(t, g.Do(ctx, "a", withdraw(db, "a", 30)))
@@ -131,7 +131,7 @@ func TestGuardLostRace(t *testing.T) {
 			db := testserver.DB(t, "pgx")
 			accounts(t, db, "a")
 			var obs observed
-			g := guard(t, db, optimistic.Config{Table: "accounts", Retry: contend.Retry{MaxAttempts: budget}, Observe: obs.observe})
+			g := guard(t, db, optimistic.Config{Table: "accounts", Retry: contend.Retry{MaxAttempts: budget}, Observer: &obs})
 			ctx := t.Context()
 
 			inside, leave := make(chan struct{}), make(chan struct{})

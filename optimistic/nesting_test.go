@@ -53,7 +53,7 @@ func TestUpdateInsideACallersTransactionDoesNotRetry(t *testing.T) {
 	db := testserver.DB(t, "pgx")
 	accounts(t, db, "a")
 	var o observed
-	s := accountStore(t, db, optimistic.Config{Table: "accounts", Retry: bigBudget, Observe: o.observe})
+	s := accountStore(t, db, optimistic.Config{Table: "accounts", Retry: bigBudget, Observer: &o})
 	ctx := t.Context()
 
 	tx, err := db.BeginTxx(ctx, nil)

@@ -47,10 +47,10 @@ import (
 // A Store is safe for simultaneous use by multiple goroutines. It never closes
 // the db it was given.
 type Store[T any] struct {
-	db      sqldb.DB
-	m       *mapping
-	retry   contend.Retry
-	observe func(key any, attempts int, err error)
+	db       sqldb.DB
+	m        *mapping
+	retry    contend.Retry
+	observer contend.Observer // nil: report nothing
 
 	selectSQL string // $1 key → every column
 	probeSQL  string // $1 key → version
@@ -86,7 +86,7 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store[T]{db: d, m: m, retry: cfg.Retry, observe: cfg.Observe}
+	s := &Store[T]{db: d, m: m, retry: cfg.Retry, observer: cfg.Observer}
 
 	all := make([]string, len(m.cols))
 	params := make([]string, len(m.cols))
@@ -212,6 +212,11 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 	if err != nil {
 		return out, fmt.Errorf("optimistic: update %v: %w", key, err)
 	}
+	var r *report
+	if s.observer != nil {
+		r = newReport(s.observer, key, s.retry)
+		r.joined = !h.Owned()
+	}
 	var q sqldb.Querier
 	retry := s.retry
 	if !h.Owned() {
@@ -222,6 +227,14 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		q, retry = h.Tx, contend.Retry{MaxAttempts: 1}
 	}
 	var version int64 // of the last attempt's read
+	retryable := isMoved
+	if r != nil {
+		retryable = func(err error) bool {
+			moved := isMoved(err)
+			r.failed(ctx, err, moved)
+			return moved
+		}
+	}
 	attempts, err := retry.Do(ctx, func(ctx context.Context) (err error) {
 		q := q
 		if q == nil {
@@ -245,6 +258,9 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 			}()
 			q = c
 		}
+		if r != nil {
+			r.attempt()
+		}
 		var v T
 		if err := s.get(ctx, q, key, &v); err != nil {
 			return err
@@ -253,6 +269,9 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		version = s.m.versionOf(rv)
 		rowKey := s.m.keyOf(rv)
 		if err := fn(&v); err != nil {
+			if r != nil {
+				r.fnErr = err
+			}
 			return fnError{err}
 		}
 		applied, err := execApplied(ctx, q, s.updateSQL, s.m.updateArgs(rv, key, version)...)
@@ -269,14 +288,14 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		s.m.setVersion(rv, version+1)
 		out = v
 		return nil
-	}, isMoved)
+	}, retryable)
 	var probe sqldb.Querier = s.db
 	if q != nil {
 		probe = q
 	}
 	err = s.updateErr(ctx, probe, key, version, err)
-	if s.observe != nil {
-		s.observe(key, attempts, err)
+	if r != nil {
+		r.end(ctx, attempts, err)
 	}
 	return out, err
 }

@@ -56,22 +56,37 @@ func rowOf(t testing.TB, db *sqlx.DB, id string) account {
 	return a
 }
 
-// observed collects what Config.Observe reports.
+// observed is a Config.Observer that keeps every event.
 type observed struct {
-	mu       sync.Mutex // protects attempts
-	attempts []int
+	mu     sync.Mutex
+	events []contend.Event // protected by mu
 }
 
-func (o *observed) observe(_ any, attempts int, _ error) {
+func (o *observed) Observe(_ context.Context, e contend.Event) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.attempts = append(o.attempts, attempts)
+	o.events = append(o.events, e)
 }
 
+// last returns the attempts of the last call that ended.
 func (o *observed) last() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.attempts[len(o.attempts)-1]
+	for i := len(o.events) - 1; i >= 0; i-- {
+		if o.events[i].Kind != contend.EventRetry {
+			return o.events[i].Attempts
+		}
+	}
+	return 0
+}
+
+// take returns the events reported since the last take.
+func (o *observed) take() []contend.Event {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	events := o.events
+	o.events = nil
+	return events
 }
 
 func TestGetInsert(t *testing.T) {
@@ -116,7 +131,7 @@ func TestUpdate(t *testing.T) {
 			h := testserver.Handle(t, driver, url)
 			accounts(t, db, "a")
 			var obs observed
-			s := accountStore(t, h, optimistic.Config{Table: "accounts", Observe: obs.observe})
+			s := accountStore(t, h, optimistic.Config{Table: "accounts", Observer: &obs})
 			ctx := t.Context()
 
 			got, err := s.Update(ctx, "a", func(a *account) error {
@@ -168,7 +183,7 @@ func TestUpdateRetriesWhenTheVersionMoved(t *testing.T) {
 	db := testserver.DB(t, "pgx")
 	accounts(t, db, "a")
 	var obs observed
-	s := accountStore(t, db, optimistic.Config{Table: "accounts", Observe: obs.observe})
+	s := accountStore(t, db, optimistic.Config{Table: "accounts", Observer: &obs})
 	other := accountStore(t, db, accountsConfig)
 	ctx := t.Context()
 
@@ -198,7 +213,7 @@ func TestUpdateGivesUp(t *testing.T) {
 	db := testserver.DB(t, "postgres")
 	accounts(t, db, "a", "b")
 	var obs observed
-	s := accountStore(t, db, optimistic.Config{Table: "accounts", Retry: contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond}, Observe: obs.observe})
+	s := accountStore(t, db, optimistic.Config{Table: "accounts", Retry: contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond}, Observer: &obs})
 	ctx := t.Context()
 
 	runs := 0

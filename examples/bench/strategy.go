@@ -91,14 +91,18 @@ type backends struct {
 // counters is what a strategy reports besides the harness's counts.
 type counters struct {
 	// retries counts the runs an operation made beyond its first
-	// (optimistic: attempts − 1, from Config.Observe).
+	// (optimistic: attempts − 1, from Config.Observer).
 	retries stdatomic.Int64
 }
 
 // newOp returns strategy's operation for workload, and what closes it.
 func newOp(ctx context.Context, b backends, workload, strategy string, c *counters) (harness.Op, func(), error) {
 	nothing := func() {}
-	observe := func(_ any, attempts int, _ error) { c.retries.Add(int64(attempts - 1)) }
+	observe := contend.ObserverFunc(func(_ context.Context, e contend.Event) {
+		if e.Kind != contend.EventRetry { // one event ends each call
+			c.retries.Add(int64(e.Attempts - 1))
+		}
+	})
 	rcw := readCheckWrite(b.db, workload)
 	switch strategy {
 	case "raw":
@@ -127,7 +131,7 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 	case "optimistic":
 		// Enough attempts that a hot key at 64 workers still ends in a sale;
 		// the retries it took are what the report shows.
-		cfg := optimistic.Config{Table: table(workload), Retry: contend.Retry{MaxAttempts: 1000}, Observe: observe}
+		cfg := optimistic.Config{Table: table(workload), Retry: contend.Retry{MaxAttempts: 1000}, Observer: observe}
 		if workload == "decrement" {
 			s, err := optimistic.NewStore[product](b.db, cfg)
 			return func(ctx context.Context, key string) error {
