@@ -55,22 +55,9 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 			}
 			queued = true
 			attempts++
-			l, err := c.attempt(ctx, key, keys, tok, ttl, true)
-			if err != nil {
-				if cause := ctxErr(ctx); cause != nil {
-					return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
-				}
-				return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+			if l, err := c.attemptInLine(ctx, key, keys, tok, ttl, began, tries+attempts, attempts == 1); l != nil || err != nil {
+				return l, err
 			}
-			if l != nil {
-				if attempts == 1 {
-					c.clearBusy(key)
-				}
-				c.setHolder(key, tok, l.ValidUntil())
-				l.reportObtained(ctx, began, tries+attempts)
-				return l, nil
-			}
-			c.setQueued(key, tok)
 		}
 		g, cause := c.sleep(ctx, s, w, attempts, giveUpBy)
 		switch {
@@ -87,6 +74,31 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 			deferred, queued = stay, sent
 		}
 	}
+}
+
+// attemptInLine makes an attempt of a waiter that began at began, which
+// queues it if the key is held. It returns the lock if the waiter got it,
+// the error that ends the wait if one does, or neither when the waiter is
+// queued. tries counts the attempts so far, this one included; first says
+// whether it is the wait's first.
+func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, began time.Time, tries int, first bool) (*Lock, error) {
+	l, err := c.attempt(ctx, key, keys, tok, ttl, true)
+	if err != nil {
+		if cause := ctxErr(ctx); cause != nil {
+			return nil, c.gaveUp(ctx, key, began, tries, cause)
+		}
+		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+	}
+	if l == nil {
+		c.setQueued(key, tok)
+		return nil, nil
+	}
+	if first {
+		c.clearBusy(key)
+	}
+	c.setHolder(key, tok, l.ValidUntil())
+	l.reportObtained(ctx, began, tries)
+	return l, nil
 }
 
 // stopWaiting cleans up after w's wait for key ended without the lock. A
