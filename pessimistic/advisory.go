@@ -31,6 +31,10 @@ type AdvisoryConfig struct {
 	// transaction the guard owns, as [Config.FinishTimeout] does. Default:
 	// 5s.
 	FinishTimeout time.Duration
+	// Observer, when set, hears what the guard's calls do, as
+	// [Config.Observer] lists; a key held under NoWait is a Conflict.
+	// Default: nil, no events, at no cost.
+	Observer contend.Observer
 }
 
 // Advisory locks keys that have no row (a report period, an external
@@ -72,7 +76,7 @@ func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
 	if cfg.Mode != Wait && cfg.Mode != NoWait {
 		return nil, fmt.Errorf("pessimistic: advisory locks take mode wait or NOWAIT, not %v: %w", cfg.Mode, contend.ErrInvalid)
 	}
-	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry)
+	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry, cfg.Observer)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +99,7 @@ func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Con
 		return fmt.Errorf("pessimistic: advisory lock %q: nil fn: %w", key, contend.ErrInvalid)
 	}
 	what := func() string { return "advisory " + strconv.Quote(key) }
-	return a.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) error {
+	return a.r.run(ctx, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		if a.r.mode == Wait {
 			_, err := tx.Exec(ctx, a.lock, key)
 			return err

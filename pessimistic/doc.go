@@ -100,6 +100,14 @@
 // was not had) and ctx's error, whatever the server said, as distlock's waits
 // do; a statement_timeout is a backend error. The server's own error stays reachable with [errors.As].
 //
+// # Observing
+//
+// [Config.Observer] (and [AdvisoryConfig.Observer]) hears, as a
+// [contend.Event] of strategy "pessimistic", every lock had, with its wait
+// and attempt, and the end of its transaction, with how long it was held;
+// every key found held (NoWait, SkipLocked), wait given up and retry. Without
+// an Observer nothing is measured for it.
+//
 // # Limits
 //
 //   - Every waiter holds a database connection while it waits, and the

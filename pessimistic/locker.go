@@ -89,6 +89,25 @@ type Config struct {
 	// transaction whose COMMIT it never got once it notices the session is
 	// gone. Default: 5s.
 	FinishTimeout time.Duration
+	// Observer, when set, hears what the locker's calls do, as events of
+	// strategy "pessimistic" keyed by the key (LockMany: the sorted keys
+	// joined by commas; Claim: no key):
+	//   - Obtained when the lock is had (Wait since the call began,
+	//     Attempts the transaction's);
+	//   - Released when that transaction ends (Hold since the lock; Err
+	//     fn's or the commit's error), or, in a transaction the locker does
+	//     not own, when fn returns;
+	//   - Conflict when NoWait or SkipLocked finds the key held, or a
+	//     deadlock or serialization failure hits a transaction the locker
+	//     does not own;
+	//   - Retry for a deadlock or serialization failure it runs the
+	//     transaction again for;
+	//   - GaveUp when the lock timeout passes, ctx ends while the lock is
+	//     awaited, or the retries run out;
+	//   - Failed for any other error, a missing row included.
+	// It runs on the caller's goroutine and must not block. Default: nil,
+	// no events, at no cost.
+	Observer contend.Observer
 	// ClaimWhere, when set, restricts the rows [Locker.Claim] takes, as a SQL
 	// condition on Table such as "status = 'pending'". It is pasted into the
 	// statement as written, so it must come from the program, never from
@@ -158,7 +177,7 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 	if cfg.Mode != Wait && cfg.Mode != NoWait && cfg.Mode != SkipLocked {
 		return nil, fmt.Errorf("pessimistic: unknown mode %v: %w", cfg.Mode, contend.ErrInvalid)
 	}
-	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry)
+	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry, cfg.Observer)
 	if err != nil {
 		return nil, err
 	}
@@ -225,7 +244,7 @@ func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Conte
 		return fmt.Errorf("pessimistic: lock %q: nil fn: %w", key, contend.ErrInvalid)
 	}
 	what := func() string { return strconv.Quote(key) }
-	return l.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) error {
+	return l.r.run(ctx, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		return l.lockRow(ctx, tx, key)
 	}, fn)
 }
@@ -287,7 +306,7 @@ func (l *Locker) LockMany(ctx context.Context, keys []string, fn func(ctx contex
 	want := slices.Compact(slices.Sorted(slices.Values(keys)))
 	what := func() string { return describe(want) }
 	var locked []string
-	return l.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) (err error) {
+	return l.r.run(ctx, what, func() string { return strings.Join(want, ",") }, func(ctx context.Context, tx sqldb.Tx) (err error) {
 		locked, err = queryKeys(ctx, tx, l.lockMany, sqlident.TextArray(want))
 		if err != nil || len(locked) == len(want) {
 			return err
@@ -334,7 +353,7 @@ func (l *Locker) Claim(ctx context.Context, n int, fn func(ctx context.Context, 
 	}
 	what := func() string { return fmt.Sprintf("up to %d free rows of %s", n, l.table) }
 	var claimed []string
-	return l.r.run(ctx, what, func(ctx context.Context, tx sqldb.Tx) (err error) {
+	return l.r.run(ctx, what, func() string { return "" }, func(ctx context.Context, tx sqldb.Tx) (err error) {
 		claimed, err = queryKeys(ctx, tx, l.claim, n)
 		if err == nil && len(claimed) == 0 {
 			err = fmt.Errorf("no free row: %w", contend.ErrNotFound)

@@ -56,9 +56,10 @@ type runner struct {
 	timeout time.Duration // 0: the server's lock_timeout applies
 	// setTimeout is "SET LOCAL lock_timeout = <ms>", "" without a timeout.
 	setTimeout string
+	observer   contend.Observer // nil: report nothing
 }
 
-func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry) (runner, error) {
+func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry, observer contend.Observer) (runner, error) {
 	d, err := sqldb.Open(db)
 	if err != nil {
 		return runner{}, fmt.Errorf("pessimistic: %w", err)
@@ -69,7 +70,7 @@ func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolatio
 	if finish < 0 {
 		return runner{}, fmt.Errorf("pessimistic: finish timeout %v is negative: %w", finish, contend.ErrInvalid)
 	}
-	r := runner{db: d, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry, FinishTimeout: finish}}
+	r := runner{db: d, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry, FinishTimeout: finish}, observer: observer}
 	if isolation != sql.LevelDefault {
 		r.opts.Tx = &sql.TxOptions{Isolation: isolation}
 	}
@@ -91,20 +92,36 @@ func timeoutMillis(d time.Duration) int64 {
 // caller in one transaction and can detect a deadlock between them), the one
 // the locker was built on, or else a new one of its own, retried from the
 // start on deadlock and serialization failure. what names the locked keys
-// in errors; it is called only when there is an error to report.
-func (r *runner) run(ctx context.Context, what func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
+// in errors; it is called only when there is an error to report. key is
+// the Key of the events reported, made only when there is an Observer.
+func (r *runner) run(ctx context.Context, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
 	h, err := txn.Resolve(ctx, r.db)
 	if err != nil {
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
-	_, err = txn.RunTx(ctx, r.db, r.opts, func(ctx context.Context, tx sqldb.Tx) error {
+	var rep *report
+	if r.observer != nil {
+		rep = &report{o: r.observer, key: key(), max: r.opts.Retry.Attempts(), began: time.Now()}
+	}
+	attempt := func(ctx context.Context, tx sqldb.Tx) error {
 		// Watched: a lock statement the network swallowed must not hold the
 		// call past ctx (the rollback that follows is bounded too).
 		if err := txn.Watch(ctx, func() error { return r.lock(ctx, tx, h.Owned(), lock) }); err != nil {
+			if rep != nil {
+				rep.lockErr = err
+			}
 			return r.classify(ctx, what, err)
 		}
+		if rep != nil {
+			rep.obtained(ctx)
+		}
 		return fn(ctx, tx.DBTX())
-	})
+	}
+	if rep == nil {
+		_, err = txn.RunTx(ctx, r.db, r.opts, attempt)
+	} else {
+		err = r.runObserved(ctx, h, rep, attempt)
+	}
 	if err != nil && sqlerr.Retryable(err) && !errors.Is(err, contend.ErrConflict) && context.Cause(ctx) == nil {
 		// fn's own statement was the deadlock victim (or, in a transaction
 		// not ours, any statement was): the transaction is aborted and only
