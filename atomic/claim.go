@@ -42,12 +42,20 @@ type ClaimConfig struct {
 	// [context.DeadlineExceeded] and the claim may still be held: until its
 	// lease passes, or, without a lease column, until cleared. Default: 5s.
 	FinishTimeout time.Duration
-	// Observer, when set, hears what the claimer's claims do: claims made,
-	// with how long the claim took; keys found held; statements that failed;
-	// and the end of each claim, released or lost, with how long it was held
-	// ([contend.EventKind] lists when each is reported). It runs on the
-	// caller's goroutine, or on the one extending Do's lease, and must not
-	// block. Default: nil, no events, at no cost.
+	// Observer, when set, hears what the claimer's claims do, as events of
+	// strategy "atomic" (Attempts is always 1: a claim is one statement):
+	//   - Obtained when Claim, ClaimAs or Do makes a claim (Wait is how long
+	//     the statement took);
+	//   - Conflict when the key was claimed already (Err is the error
+	//     returned);
+	//   - Released when Release or the end of Do clears the claim (Hold
+	//     since the claim, when this Claimer made it; Err is fn's error);
+	//   - Lost when a release or an extension finds the claim gone, taken
+	//     over or cleared (Err matches [contend.ErrLockLost]);
+	//   - GaveUp when ctx ends a claim's statement;
+	//   - Failed when a statement errs, or the key has no row.
+	// It runs on the caller's goroutine, or on the one extending Do's lease,
+	// and must not block. Default: nil, no events, at no cost.
 	Observer contend.Observer
 }
 

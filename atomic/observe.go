@@ -10,12 +10,9 @@ import (
 	"github.com/contend/contend"
 )
 
-// What a Claimer reports to ClaimConfig.Observer: Obtained when a claim is
-// made, Conflict when the key was held, Failed when a statement errs or the
-// key has no row, and at the claim's end Released, or Lost when the release
-// or an extension finds the token gone. Every report is behind a nil check
-// of the Observer: without one, no event is built and no clock is read for
-// it.
+// What a Claimer reports, and when, is listed at ClaimConfig.Observer.
+// Every report is behind a nil check of the Observer: without one, no event
+// is built and no clock is read for it.
 
 // strategy is the Strategy of atomic's events.
 const strategy = "atomic"
@@ -71,11 +68,14 @@ func (c *claims) get(key, token string, forget bool) held {
 func (c *Claimer) reportClaim(ctx context.Context, key string, began time.Time, err error) time.Time {
 	now := time.Now()
 	e := contend.Event{Strategy: strategy, Key: key, Wait: now.Sub(began), Attempts: 1, Err: err}
+	cerr := context.Cause(ctx)
 	switch {
 	case err == nil:
 		e.Kind = contend.EventObtained
 	case errors.Is(err, contend.ErrConflict):
 		e.Kind = contend.EventConflict
+	case cerr != nil && errors.Is(err, cerr):
+		e.Kind = contend.EventGaveUp
 	default:
 		e.Kind = contend.EventFailed
 	}

@@ -86,6 +86,15 @@ func TestClaimerObserver(t *testing.T) {
 			require.Positive(t, events[0].Hold, "Release knows when Claim made the claim")
 			require.NoError(t, events[0].Err)
 
+			// A claim the caller gave up on before it was made.
+			gone, cancel := context.WithCancel(ctx)
+			cancel()
+			_, err = c.Claim(gone, "bot-1")
+			require.ErrorIs(t, err, context.Canceled)
+			events = rec.take()
+			require.Equal(t, []contend.EventKind{contend.EventGaveUp}, kinds(events))
+			require.Equal(t, err, events[0].Err)
+
 			// A claim taken over while fn ran: Do's release finds it gone.
 			err = c.Do(ctx, "bot-1", func(ctx context.Context) error {
 				_, err := db.ExecContext(ctx, `UPDATE bots SET engine_id = 'intruder' WHERE id = 'bot-1'`)
