@@ -1,0 +1,122 @@
+package adaptive
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqlident"
+)
+
+// Config names the table and columns a [Guard] works on, and says when a key
+// changes mode. Names are validated and quoted at construction; keys are only
+// ever bind parameters. The zero value of every field but Table is its
+// default.
+type Config struct {
+	// Table holds one row per key, with the key and version columns. It may
+	// be schema-qualified ("app.stock"). Required.
+	Table string
+	// KeyColumn identifies the row. Default: "id".
+	KeyColumn string
+	// VersionColumn is an integer column (bigint is best), not NULL, that
+	// every write for a key moves: the optimistic path checks and bumps it,
+	// the locked path bumps it. Default: "version".
+	VersionColumn string
+	// Retry bounds how often Do runs fn again after a lost race or a
+	// deadlock, and how long it waits in between. Default: contend.Retry's
+	// defaults.
+	Retry contend.Retry
+	// Window is about how many recent samples (attempts in optimistic mode,
+	// calls in locked mode) a key's conflict rate averages over. Default: 32.
+	Window int
+	// Enter is the conflict rate, above 0 and at most 1, at which an
+	// optimistic key goes under the row lock. Default: 0.2.
+	Enter float64
+	// Leave is the conflict rate, below Enter, at which a locked key goes
+	// back to optimistic. Default: 0.05.
+	Leave float64
+	// Keys is how many keys' rates a Guard keeps (rounded up to a power of
+	// two); see the package doc for what happens to the others. Default:
+	// 4096.
+	Keys int
+	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
+	// transaction the Guard owns, as optimistic.Config.FinishTimeout does.
+	// Default: 5s.
+	FinishTimeout time.Duration
+	// Observer, when set, hears both paths: optimistic calls report as
+	// package optimistic's guard does (strategy "optimistic"); locked calls
+	// report, as strategy "adaptive", Obtained when they hold the lock,
+	// Released when their transaction ends, GaveUp when ctx ended while
+	// they waited for it, and Failed for any other error. A call whose key
+	// went under the lock while it was retrying optimistically reports an
+	// optimistic Released with an error saying so, then goes on locked.
+	// Default: nil, no events.
+	Observer contend.Observer
+}
+
+// Defaults of [Config].
+const (
+	DefaultKeyColumn     = "id"
+	DefaultVersionColumn = "version"
+	DefaultWindow        = 32
+	DefaultEnter         = 0.2
+	DefaultLeave         = 0.05
+	DefaultKeys          = 4096
+)
+
+// withDefaults returns c with its defaults filled in, validated.
+func (c Config) withDefaults() (Config, error) {
+	if c.KeyColumn == "" {
+		c.KeyColumn = DefaultKeyColumn
+	}
+	if c.VersionColumn == "" {
+		c.VersionColumn = DefaultVersionColumn
+	}
+	if c.Window == 0 {
+		c.Window = DefaultWindow
+	}
+	if c.Enter == 0 {
+		c.Enter = DefaultEnter
+	}
+	if c.Leave == 0 {
+		c.Leave = DefaultLeave
+	}
+	if c.Keys == 0 {
+		c.Keys = DefaultKeys
+	}
+	switch {
+	case c.Window < 1:
+		return c, fmt.Errorf("adaptive: window %d is not positive: %w", c.Window, contend.ErrInvalid)
+	case !(c.Enter > 0 && c.Enter <= 1):
+		return c, fmt.Errorf("adaptive: enter %v is not in (0, 1]: %w", c.Enter, contend.ErrInvalid)
+	case !(c.Leave > 0 && c.Leave < c.Enter):
+		return c, fmt.Errorf("adaptive: leave %v is not in (0, enter %v): %w", c.Leave, c.Enter, contend.ErrInvalid)
+	case c.Keys < 1:
+		return c, fmt.Errorf("adaptive: keys %d is not positive: %w", c.Keys, contend.ErrInvalid)
+	case c.FinishTimeout < 0:
+		return c, fmt.Errorf("adaptive: finish timeout %v is negative: %w", c.FinishTimeout, contend.ErrInvalid)
+	case c.KeyColumn == c.VersionColumn:
+		return c, fmt.Errorf("adaptive: key and version are both column %q: %w", c.KeyColumn, contend.ErrInvalid)
+	}
+	return c, nil
+}
+
+// names is a Config's identifiers, quoted.
+type names struct {
+	table, key, version string
+}
+
+func (c Config) names() (names, error) {
+	var n names
+	var err error
+	if n.table, err = sqlident.Quote("adaptive: table", c.Table); err != nil {
+		return names{}, err
+	}
+	if n.key, err = sqlident.Quote("adaptive: key column", c.KeyColumn); err != nil {
+		return names{}, err
+	}
+	if n.version, err = sqlident.Quote("adaptive: version column", c.VersionColumn); err != nil {
+		return names{}, err
+	}
+	return n, nil
+}

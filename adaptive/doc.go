@@ -1,0 +1,76 @@
+// Package adaptive runs fn for a key optimistically while the key's races are
+// rare and under its row lock while they are frequent, choosing per key from
+// the conflicts it measures.
+//
+// Traffic does not keep to the guess made when the code was written: a key
+// that is cold all day is hot during a sale. On a cold key the optimistic
+// guard (package optimistic) holds nothing while fn runs and serves more
+// writers than a row lock; on a hot key most of its attempts lose, and the
+// losers' retries cost more than the wait for a lock (package pessimistic)
+// would have. A [Guard] starts every key optimistic, moves a key under the
+// lock when its recent conflict rate passes [Config.Enter], and moves it back
+// when the rate falls to [Config.Leave].
+//
+// # Guarantee
+//
+// The optimistic guard's: no update fn writes through the guard's transaction
+// ([contend.Querier], or pgxdb.Querier under pgx) is lost, across goroutines
+// and processes, whichever mode each call runs in. Each process decides from
+// what it sees itself, with no coordination, so one key may be optimistic in
+// one process and locked in another at the same moment; that is safe (below).
+// fns for one key may overlap (a call in optimistic mode takes no lock), and
+// fn may run more than once per Do (a lost race, a deadlock): keep effects
+// outside the transaction out of fn, or make them idempotent. Every writer of
+// the state a key stands for must go through a Guard of this package, an
+// optimistic Guard or Store, or otherwise bump the version column.
+//
+// # Why mixing the modes is safe
+//
+// Each mode keeps the invariant by itself: the optimistic path commits fn's
+// writes only together with a version check that no other write for the key
+// committed since its read (UPDATE ... SET version = version + 1 WHERE key =
+// $1 AND version = $2), and the locked path makes writers of the key take
+// turns. Mixed on one key, a locked writer would be invisible to an optimistic
+// one if it left the version alone: the optimistic writer reads, the locked
+// one commits its change, and the optimistic check still finds the version it
+// read and commits a write based on a stale read. So the locked path takes its
+// lock by moving the version (UPDATE ... SET version = version + 1 WHERE key =
+// $1), in the transaction fn writes in: the bump commits exactly when fn's
+// writes do. An optimistic writer whose read came before that commit then
+// fails its check, either at once or after waiting for the lock, since
+// PostgreSQL re-evaluates the check against the row as committed; and one
+// whose read came after it saw the locked writer's writes. Conversely a
+// locked writer's statements run after its lock, which waits for any
+// optimistic writer that has reached the row, so they read what that writer
+// committed. The tests run both modes on one key at once, and show that
+// without the bump updates are lost.
+//
+// # How it decides
+//
+// Per key, a process keeps a conflict rate: an exponentially weighted average
+// over about the last [Config.Window] samples. In optimistic mode each attempt
+// is a sample, a conflict if it lost its race (its version moved, or it hit a
+// deadlock). In locked mode each call is one, a conflict if it waited for the
+// lock, which is the race it would have lost without it. A key goes locked when
+// the rate reaches Enter and back when it falls to Leave, and stays at least
+// half a window in a mode before it moves again: the gap between the
+// thresholds and that stay keep a key whose rate hovers near one of them from
+// flapping. [Guard.Mode] says what a key's next call will do.
+//
+// Memory is bounded: the rates live in a fixed table of [Config.Keys] slots,
+// found by a hash of the key. A key that takes the slot of another starts
+// over, optimistic, and the one it displaced does too when it comes back.
+//
+// # Limits
+//
+// The table is per Guard and per process: a process that sees few calls on a
+// key learns slowly that the key is hot, while its optimistic attempts lose to
+// the other processes' locked ones. A key in locked mode has each of its
+// waiters hold a connection, as package pessimistic's do. A burst shorter
+// than a window is served in the mode the key was in. Transactions the Guard
+// does not own (a caller's *sql.Tx, another guard's fn) run once, and a lost
+// race in them returns [contend.ErrConflict] for their owner to retry.
+//
+// Statements use PostgreSQL's syntax and work with lib/pq, pgx's stdlib driver
+// and pgx's native pool wrapped by pgxdb.Wrap.
+package adaptive

@@ -1,0 +1,86 @@
+package adaptive
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func testTable(t *testing.T, keys int) *table {
+	t.Helper()
+	c, err := Config{Table: "t", Keys: keys}.withDefaults()
+	require.NoError(t, err)
+	return newTable(c)
+}
+
+// A key goes locked once its rate reaches Enter, stays there while the rate is
+// between the thresholds, and goes back only once it falls to Leave: the gap
+// between them is the hysteresis.
+func TestTableHysteresis(t *testing.T) {
+	t.Parallel()
+	tb := testTable(t, 16)
+	require.Equal(t, Optimistic, tb.mode("k"))
+
+	// A lost race in ten is below Enter: it stays optimistic.
+	for range 100 {
+		tb.record("k", 10, 1)
+	}
+	require.Equal(t, Optimistic, tb.mode("k"))
+
+	// Every other attempt lost: it goes locked.
+	var n int
+	for n = 1; n <= 100 && tb.mode("k") == Optimistic; n++ {
+		tb.record("k", 2, 1)
+	}
+	require.Equal(t, Pessimistic, tb.mode("k"))
+	require.Greater(t, n, 2, "a single call of lost races is not enough")
+
+	// One wait in ten is below Enter but above Leave: it stays locked.
+	for i := range 200 {
+		tb.record("k", 1, b2i(i%10 == 0))
+	}
+	require.Equal(t, Pessimistic, tb.mode("k"))
+
+	// No waits: back to optimistic, after a while.
+	for n = 0; n < 1000 && tb.mode("k") == Pessimistic; n++ {
+		tb.record("k", 1, 0)
+	}
+	require.Equal(t, Optimistic, tb.mode("k"))
+	require.Greater(t, n, DefaultWindow/2, "one quiet call is not a cool key")
+}
+
+// The table holds Keys slots whatever the keys; a key whose slot another
+// took starts over, optimistic.
+func TestTableIsBounded(t *testing.T) {
+	t.Parallel()
+	tb := testTable(t, 5)
+	require.Len(t, tb.slots, 8, "rounded up to a power of two")
+	for i := range 10_000 {
+		tb.record(fmt.Sprint("k", i), 1, 1)
+	}
+	require.Len(t, tb.slots, 8)
+
+	for range 100 {
+		tb.record("hot", 1, 1)
+	}
+	require.Equal(t, Pessimistic, tb.mode("hot"))
+	// Find a key that shares hot's slot and let it take it.
+	h := tb.hash("hot")
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := fmt.Sprint("other", i); tb.hash(k)&tb.mask == h&tb.mask {
+			other = k
+		}
+	}
+	tb.record(other, 1, 0)
+	require.Equal(t, Optimistic, tb.mode("hot"), "an evicted key starts over")
+	require.Equal(t, Optimistic, tb.mode(other))
+}
+
+func TestModeString(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "optimistic", Optimistic.String())
+	require.Equal(t, "pessimistic", Pessimistic.String())
+	require.Equal(t, "Mode(7)", Mode(7).String())
+}
