@@ -113,7 +113,11 @@ func retries(r row) string {
 
 // vsRaw is a cell's throughput as a multiple of raw's in the same cell.
 func vsRaw(rows []row, r row) string {
-	if o, ok := sibling(rows, r, "raw"); ok && o.Throughput > 0 {
+	floor := "raw"
+	if pgxNative(r.Strategy) && r.Strategy != "raw-pgx" {
+		floor = "raw-pgx"
+	}
+	if o, ok := sibling(rows, r, floor); ok && o.Throughput > 0 {
 		return fmt.Sprintf("%.2f", r.Throughput/o.Throughput)
 	}
 	return "-"
@@ -390,7 +394,9 @@ func (p *progress) done() {
 func strategyColor(s string) color.Color {
 	palette := map[string]color.RGBA{
 		"raw":         {0, 0, 0, 255},
+		"raw-pgx":     {0, 0, 128, 255},     // navy
 		"atomic":      {31, 119, 180, 255},  // blue
+		"atomic-pgx":  {158, 218, 229, 255}, // light cyan
 		"pessimistic": {255, 127, 14, 255},  // orange
 		"optimistic":  {44, 160, 44, 255},   // green
 		"distlock":    {214, 39, 40, 255},   // red
@@ -443,8 +449,12 @@ func summary(rows []row) string {
 		b.WriteString(".\n")
 	}
 	for _, r := range rows {
-		if r.Strategy == "atomic" && r.Keys == 1 && r.Skipped == "" {
-			fmt.Fprintf(&b, "- %s, hot key, %d worker(s): atomic at %s× raw.\n", r.Workload, r.Workers, vsRaw(rows, r))
+		if (r.Strategy == "atomic" || r.Strategy == "atomic-pgx") && r.Keys == 1 && r.Skipped == "" {
+			floor := "raw"
+			if pgxNative(r.Strategy) {
+				floor = "raw-pgx"
+			}
+			fmt.Fprintf(&b, "- %s, hot key, %d worker(s): %s at %s× %s.\n", r.Workload, r.Workers, r.Strategy, vsRaw(rows, r), floor)
 		}
 	}
 	b.WriteString(lockSummary(rows))

@@ -11,6 +11,7 @@ import (
 	stdatomic "sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
@@ -211,8 +212,15 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 	if err := warm(ctx, db, c.poolSize()); err != nil {
 		return outcome{}, err
 	}
+	b := backends{db: db, rdb: rdb, redisPrefix: e.RedisPrefix}
+	if pgxNative(c.Strategy) {
+		if b.pool, err = openPool(ctx, e.PostgresURL, c.poolSize()); err != nil {
+			return outcome{}, err
+		}
+		defer b.pool.Close()
+	}
 	var cnt counters
-	op, closeOp, err := newOp(ctx, backends{db: db, rdb: rdb, redisPrefix: e.RedisPrefix}, c.Workload, c.Strategy, &cnt)
+	op, closeOp, err := newOp(ctx, b, c.Workload, c.Strategy, &cnt)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -225,6 +233,28 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 	out := measure(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, op)
 	out.Retries = cnt.retries.Load()
 	return out, nil
+}
+
+// openPool opens a pgxpool of size connections on url, all of them made
+// before the load starts, as warm does for database/sql.
+func openPool(ctx context.Context, url string, size int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns, cfg.MinConns = int32(size), int32(size)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	for pool.Stat().TotalConns() < int32(size) {
+		if err := ctx.Err(); err != nil {
+			pool.Close()
+			return nil, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return pool, nil
 }
 
 // measure runs op under cfg for cfg.Duration and counts, besides the

@@ -6,8 +6,10 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	stdatomic "sync/atomic"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
 
@@ -18,13 +20,18 @@ import (
 	load "github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/optimistic"
 	"github.com/contend/contend/pessimistic"
+	"github.com/contend/contend/pgxdb"
 	"github.com/contend/contend/queue"
 )
 
 // The strategies, in the order they are shown. raw is the floor every other
 // one is measured against; poll (the bare 1 ms polling loop), redislock and
 // redsync are peers of distlock; naive is the negative control.
-var allStrategies = []string{"raw", "atomic", "pessimistic", "optimistic", "distlock", "poll", "redislock", "redsync", "queue", "naive"}
+var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "optimistic", "distlock", "poll", "redislock", "redsync", "queue", "naive"}
+
+// pgxNative reports whether strategy runs on pgx's native interface (a
+// pgxpool.Pool) rather than on database/sql; its floor is raw-pgx.
+func pgxNative(strategy string) bool { return strings.HasSuffix(strategy, "-pgx") }
 
 // The workloads: "decrement stock if available" and "claim a job once".
 var allWorkloads = []string{"decrement", "claim"}
@@ -84,6 +91,7 @@ func createTable(ctx context.Context, db *sqlx.DB, workload string, keys []strin
 // backends is what a process's operations run against.
 type backends struct {
 	db          *sqlx.DB
+	pool        *pgxpool.Pool // only for the -pgx strategies
 	rdb         *redis.Client
 	redisPrefix string
 }
@@ -107,24 +115,12 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 	switch strategy {
 	case "raw":
 		return rawOp(b.db, workload), nothing, nil
+	case "raw-pgx":
+		return rawPgxOp(b.pool, workload), nothing, nil
 	case "atomic":
-		if workload == "decrement" {
-			return func(ctx context.Context, key string) error {
-				sold, err := atomic.Update(ctx, b.db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, key)
-				if err == nil && !sold {
-					err = errSoldOut
-				}
-				return err
-			}, nothing, nil
-		}
-		cl, err := atomic.NewClaimer(ctx, b.db, atomic.ClaimConfig{Table: "jobs"})
-		if err != nil {
-			return nil, nil, err
-		}
-		return func(ctx context.Context, key string) error {
-			_, err := cl.Claim(ctx, key)
-			return err
-		}, func() { cl.Close() }, nil
+		return atomicOp(ctx, b.db, workload)
+	case "atomic-pgx":
+		return atomicOp(ctx, pgxdb.Wrap(b.pool), workload)
 	case "pessimistic":
 		l, err := pessimistic.New(b.db, pessimistic.Config{Table: table(workload)})
 		return load.Guarded(l, rcw), nothing, err
@@ -176,6 +172,28 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 	return nil, nil, fmt.Errorf("unknown strategy %q", strategy)
 }
 
+// atomicOp is the atomic strategy on db: the conditional UPDATE for
+// decrement, the Claimer for claim.
+func atomicOp(ctx context.Context, db contend.DB, workload string) (harness.Op, func(), error) {
+	if workload == "decrement" {
+		return func(ctx context.Context, key string) error {
+			sold, err := atomic.Update(ctx, db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, key)
+			if err == nil && !sold {
+				err = errSoldOut
+			}
+			return err
+		}, func() {}, nil
+	}
+	cl, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "jobs"})
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(ctx context.Context, key string) error {
+		_, err := cl.Claim(ctx, key)
+		return err
+	}, func() { cl.Close() }, nil
+}
+
 func table(workload string) string {
 	if workload == "claim" {
 		return "jobs"
@@ -186,20 +204,46 @@ func table(workload string) string {
 // rawOp is the floor: the one conditional statement through database/sql,
 // with no library in between.
 func rawOp(db *sqlx.DB, workload string) harness.Op {
-	query, lost := `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, errSoldOut
-	if workload == "claim" {
-		query, lost = `UPDATE jobs SET owner = $2 WHERE id = $1 AND owner IS NULL`, errTaken
-	}
+	query, lost := rawStatement(workload)
 	return func(ctx context.Context, key string) error {
-		args := []any{key}
-		if workload == "claim" {
-			args = append(args, newToken())
-		}
-		res, err := db.ExecContext(ctx, query, args...)
+		res, err := db.ExecContext(ctx, query, rawArgs(workload, key)...)
 		if err != nil {
 			return err
 		}
 		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return lost
+		}
+		return nil
+	}
+}
+
+// rawStatement is the workload's one conditional statement, and the error
+// that a call which changed no row answers.
+func rawStatement(workload string) (string, error) {
+	if workload == "claim" {
+		return `UPDATE jobs SET owner = $2 WHERE id = $1 AND owner IS NULL`, errTaken
+	}
+	return `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, errSoldOut
+}
+
+// rawArgs are rawStatement's arguments for key.
+func rawArgs(workload, key string) []any {
+	if workload == "claim" {
+		return []any{key, newToken()}
+	}
+	return []any{key}
+}
+
+// rawPgxOp is the floor of the -pgx strategies: the same statement through
+// pgxpool, with no library in between.
+func rawPgxOp(pool *pgxpool.Pool, workload string) harness.Op {
+	query, lost := rawStatement(workload)
+	return func(ctx context.Context, key string) error {
+		tag, err := pool.Exec(ctx, query, rawArgs(workload, key)...)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
 			return lost
 		}
 		return nil
