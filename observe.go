@@ -96,9 +96,23 @@ type Event struct {
 //	             partition lease's Fence, and it passes on its leases' own
 //	             events (strategy "distlock", key "partition:N"), all but
 //	             conflicts.
-//	atomic,      not wired yet.
-//	pessimistic,
-//	optimistic
+//	atomic       a Claimer (Update reports nothing): Obtained (Wait) when a
+//	             claim is made; Conflict when the key is claimed already;
+//	             GaveUp when ctx ends the claim; Released (Hold, fn's error)
+//	             when the claim is cleared; Lost when a release or lease
+//	             extension finds it taken over; Failed on a database error.
+//	pessimistic  Obtained (Wait, Attempts) when the lock is had; Conflict
+//	             when NOWAIT, SKIP LOCKED or a try-lock finds the key held;
+//	             Retry on a deadlock or serialization failure run again;
+//	             GaveUp on lock_timeout, ctx, or retries run out; Released
+//	             (Hold, fn's or the commit's error) when the transaction
+//	             ends; Failed on other errors.
+//	optimistic   Nothing is locked, so nothing is obtained: Retry for each
+//	             attempt lost and made again; Released (Attempts, Hold of
+//	             the last attempt, Wait before it) on commit, or with fn's
+//	             error; GaveUp when the attempts run out or ctx ends;
+//	             Conflict when it ran once in a caller's transaction and
+//	             lost; Failed on other errors.
 type EventKind uint8
 
 // The kinds of [Event].
