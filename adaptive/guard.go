@@ -163,7 +163,7 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 	if g.pinned {
 		return err
 	}
-	if err == errToLock {
+	if errors.Is(err, errToLock) {
 		g.stats.record(key, runs-1, runs-1)
 		return g.doLocked(ctx, key, fn)
 	}
