@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
@@ -211,7 +212,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	if c.isClosed() {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, ErrClosed)
 	}
-	if err := ctxErr(ctx); err != nil {
+	if err := ctxerr.Of(ctx); err != nil {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	keys := c.keys(key)
@@ -237,7 +238,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		// The script may have run and only the reply been lost: let go of
 		// whatever it may have taken rather than leave it for the TTL.
 		c.leave(ctx, key, keys, tok)
-		if cause := ctxErr(ctx); wait && cause != nil {
+		if cause := ctxerr.Of(ctx); wait && cause != nil {
 			// Obtain's ctx ended before it had the lock: a wait cut short,
 			// whether or not it had begun.
 			err := fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
@@ -356,17 +357,3 @@ func (c *Client) validity(began time.Time, ttl time.Duration) time.Time {
 func (c *Client) holdTimers() *keepalive.Timers { return &c.holds }
 
 func (c *Client) releaseContext(ctx context.Context) context.Context { return c.clock.context(ctx) }
-
-// ctxErr returns ctx's error, with its cause when that says more, or nil.
-func ctxErr(ctx context.Context) error {
-	err := ctx.Err()
-	if err == nil {
-		return nil
-	}
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
-		return fmt.Errorf("%w: %w", err, cause)
-	} else if cause != nil {
-		return cause
-	}
-	return err
-}

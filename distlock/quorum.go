@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
@@ -183,7 +184,7 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		return nil, err
 	}
 	ttl = ttl.Truncate(time.Millisecond)
-	if err := ctxErr(ctx); err != nil {
+	if err := ctxerr.Of(ctx); err != nil {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	began := time.Now()
@@ -207,7 +208,7 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		}
 		if werr := q.cfg.Backoff.Wait(ctx, attempt); werr != nil {
 			err := fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-				key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, ctxErr(ctx))
+				key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, ctxerr.Of(ctx))
 			reportMiss(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, attempt, err)
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 )
 
 // The waiter's side of the protocol: an Obtain that found the key held
@@ -50,7 +51,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 	giveUpBy := began.Add(c.cfg.MaxWait)
 	for attempts := 0; ; {
 		if !deferred {
-			if cause := ctxErr(ctx); cause != nil {
+			if cause := ctxerr.Of(ctx); cause != nil {
 				return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
 			}
 			queued = true
@@ -84,7 +85,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, began time.Time, tries int, first bool) (*Lock, error) {
 	l, err := c.attempt(ctx, key, keys, tok, ttl, true)
 	if err != nil {
-		if cause := ctxErr(ctx); cause != nil {
+		if cause := ctxerr.Of(ctx); cause != nil {
 			return nil, c.gaveUp(ctx, key, began, tries, cause)
 		}
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
@@ -153,7 +154,7 @@ func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts i
 		}
 		return grant{}, nil
 	case <-ctx.Done():
-		return grant{}, ctxErr(ctx)
+		return grant{}, ctxerr.Of(ctx)
 	case <-c.closing:
 		return grant{}, ErrClosed
 	}

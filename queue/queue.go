@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 	"github.com/contend/contend/internal/queuecore"
 )
 
@@ -451,7 +452,7 @@ func (q *Queue) put(ctx context.Context, it item) error {
 		select {
 		case <-room:
 		case <-ctx.Done():
-			return q.gaveUp(ctx, it.key, began, "waited for room in its partition", queuecore.CtxErr(ctx))
+			return q.gaveUp(ctx, it.key, began, "waited for room in its partition", ctxerr.Of(ctx))
 		case <-q.abort:
 			return ErrClosed
 		}
@@ -508,7 +509,7 @@ func (w *waiter) await(ctx context.Context) (outcome, error) {
 		return o, nil
 	case <-ctx.Done():
 		if w.state.CompareAndSwap(pending, withdrawn) {
-			return outcome{}, queuecore.CtxErr(ctx)
+			return outcome{}, ctxerr.Of(ctx)
 		}
 		return <-w.reply, nil
 	}
@@ -593,7 +594,7 @@ func (q *Queue) aborted() bool { return q.abortFlag.Load() }
 // it as of a lock's hold: obtained when fn starts, released when it returns.
 func (q *Queue) runFn(key string, w *waiter) {
 	if w.ctx.Err() != nil {
-		w.reply <- outcome{err: q.gaveUp(w.ctx, key, w.began, "fn withdrawn before it started", queuecore.CtxErr(w.ctx))}
+		w.reply <- outcome{err: q.gaveUp(w.ctx, key, w.began, "fn withdrawn before it started", ctxerr.Of(w.ctx))}
 		return
 	}
 	var started time.Time

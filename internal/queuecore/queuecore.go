@@ -51,21 +51,6 @@ type Counters struct {
 	InFlight, Handled, Redeliveries, DeadLetters atomic.Int64
 }
 
-// CtxErr returns ctx's error, with its cause when that says more, or nil:
-// errors.Is matches both.
-func CtxErr(ctx context.Context) error {
-	err := ctx.Err()
-	if err == nil {
-		return nil
-	}
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
-		return fmt.Errorf("%w: %w", err, cause)
-	} else if cause != nil {
-		return cause
-	}
-	return err
-}
-
 // Strategy is the Strategy of both backends' events.
 const Strategy = "queue"
 

@@ -106,6 +106,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/ctxerr"
 	"github.com/contend/contend/internal/queuecore"
 	"github.com/contend/contend/internal/token"
 	"github.com/contend/contend/queue"
@@ -319,7 +320,7 @@ func (q *Queue) Submit(ctx context.Context, key string, payload []byte) ([]byte,
 	case a := <-answer:
 		return decodeAnswer(a)
 	case <-ctx.Done():
-		err := fmt.Errorf("redisq: job for %s: no answer yet: %w (%w)", key, contend.ErrConflict, queuecore.CtxErr(ctx))
+		err := fmt.Errorf("redisq: job for %s: no answer yet: %w (%w)", key, contend.ErrConflict, ctxerr.Of(ctx))
 		queuecore.Report(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, 0, err)
 		return nil, err
 	case <-q.listenDone:
