@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/contend/contend"
@@ -76,59 +75,18 @@ func OpenNative(t testing.TB, url string) Native {
 // [pgxdb.Querier] on a [Native] one, behind one interface so that one fn
 // body serves every driver.
 func Querier(ctx context.Context, db contend.DB) sqldb.Querier {
+	var q contend.DB
 	switch h := db.(type) {
 	case Native:
-		return pgxQuerier{pgxdb.Querier(ctx, h.Pool)}
+		q = pgxdb.Wrap(pgxdb.Querier(ctx, h.Pool))
 	case contend.DBTX:
-		return stdQuerier{contend.Querier(ctx, h)}
+		q = contend.Querier(ctx, h)
+	default:
+		panic(fmt.Sprintf("testserver: Querier of a %T", db))
 	}
-	panic(fmt.Sprintf("testserver: Querier of a %T", db))
-}
-
-type pgxQuerier struct{ h pgxdb.Handle }
-
-func (q pgxQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	tag, err := q.h.Exec(ctx, query, args...)
-	return tag.RowsAffected(), err
-}
-
-func (q pgxQuerier) QueryRow(ctx context.Context, query string, args ...any) sqldb.Row {
-	return q.h.QueryRow(ctx, query, args...)
-}
-
-func (q pgxQuerier) Query(ctx context.Context, query string, args ...any) (sqldb.Rows, error) {
-	r, err := q.h.Query(ctx, query, args...)
+	d, err := sqldb.Open(q)
 	if err != nil {
-		return nil, err
+		panic(fmt.Sprintf("testserver: Querier: %v", err))
 	}
-	return pgxRows{r}, nil
-}
-
-type pgxRows struct{ pgx.Rows }
-
-func (r pgxRows) Close() error {
-	r.Rows.Close()
-	return r.Rows.Err()
-}
-
-type stdQuerier struct{ db contend.DBTX }
-
-func (q stdQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
-	res, err := q.db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
-}
-
-func (q stdQuerier) QueryRow(ctx context.Context, query string, args ...any) sqldb.Row {
-	return q.db.QueryRowContext(ctx, query, args...)
-}
-
-func (q stdQuerier) Query(ctx context.Context, query string, args ...any) (sqldb.Rows, error) {
-	r, err := q.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
+	return d
 }
