@@ -302,6 +302,7 @@ func lostRace(t *testing.T, s Suite) {
 		err := g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, err, contend.ErrConflict, "every guard gives a wait that ctx ended the same shape: a lost race, and ctx's error")
 		require.False(t, ran, "fn ran while another held the key")
 	default:
 		// Nothing is held: the second caller runs and commits at once, and
@@ -430,7 +431,7 @@ func (r Report) RequireLinearizable(t *testing.T) {
 		}
 		t.Fatalf("the history is not linearizable: %v", r.History)
 	}
-	require.Positive(t, r.Successes)
+	require.Positive(t, r.Successes, "no call succeeded; first errors: %v", r.FirstErrors[:min(3, len(r.FirstErrors))])
 	if r.UnderFaults {
 		t.Logf("faults: %d resets cut %d connections, %d replies set to be lost; %d calls failed (%d after fn wrote), e.g. %v",
 			r.Faults.Resets, r.Faults.Reset, r.Faults.Drops, r.Errors, r.History.Maybes, r.FirstErrors[:min(3, len(r.FirstErrors))])
