@@ -298,7 +298,10 @@ func lostRace(t *testing.T, s Suite) {
 		require.ErrorContains(t, err, k, "the conflict names its key")
 		require.False(t, ran, "fn ran while another held the key")
 	case s.Exclusive:
-		ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+		// Long enough that, on a loaded machine, ctx ends in the wait for
+		// the key and not while the call is still connecting, which is no
+		// lost race.
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		err := g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
 		cancel()
 		require.ErrorIs(t, err, context.DeadlineExceeded)
