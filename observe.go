@@ -45,7 +45,8 @@ type Event struct {
 	Kind EventKind
 	// Strategy is the package that reports: "atomic", "pessimistic",
 	// "optimistic", "distlock" or "queue" (package redisq reports as
-	// "queue").
+	// "queue"), or "adaptive" for the adaptive guard's locked calls (its
+	// optimistic ones report as "optimistic").
 	Strategy string
 	// Key is the caller's key, as the caller passed it: without a prefix.
 	Key string
