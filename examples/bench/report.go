@@ -396,7 +396,7 @@ func strategyColor(s string) color.Color {
 		"raw":         {0, 0, 0, 255},
 		"raw-pgx":     {0, 0, 128, 255},     // navy
 		"atomic":      {31, 119, 180, 255},  // blue
-		"atomic-pgx":  {158, 218, 229, 255}, // light cyan
+		"atomic-pgx":  {199, 21, 133, 255},  // violet-red
 		"pessimistic": {255, 127, 14, 255},  // orange
 		"optimistic":  {44, 160, 44, 255},   // green
 		"distlock":    {214, 39, 40, 255},   // red
