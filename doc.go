@@ -43,6 +43,7 @@
 //	pessimistic.Locker    waits, or NOWAIT fails     on deadlock retry   yes (a row lock)        lock ends with its connection, at once
 //	pessimistic.Advisory  waits, or try fails        on deadlock retry   yes (an advisory lock)  lock ends with its connection, at once
 //	optimistic.Guard      takes no lock, retries     yes (losers rerun)  yes (a version)         nothing is held
+//	adaptive.Guard        retries, or waits          yes (losers rerun)  yes (a version)         a lock ends with its connection
 //	distlock              fails fast or waits        no                  yes (a Redis lease)     lease expires after its TTL
 //	queue.Queue           queues (backpressure)      no                  no, one process only    jobs die with the process
 //	queue/redisq          queues in a Redis stream   at least once       yes (a partition lease) lease expires, another instance redelivers
