@@ -48,26 +48,33 @@ func ownerOf(t testing.TB, db *sqlx.DB, id string) *string {
 }
 
 func TestClaimerIsAGuard(t *testing.T) {
-	for _, driver := range testserver.AllDrivers {
-		// The lease is long enough that a loaded machine's slow extension does
-		// not count as a lost claim; TestDoExtendsTheLease covers short ones.
-		long := leased
-		long.Lease = 3 * time.Second
-		for name, cfg := range map[string]atomic.ClaimConfig{"plain": plain, "leased": long} {
-			t.Run(driver+"/"+name, func(t *testing.T) {
-				guardtest.Run(t, guardtest.Suite{
-					Driver: driver,
-					Setup:  func(t testing.TB, env guardtest.Env, keys []string) { bots(t, env.DB, keys...) },
-					New: func(t testing.TB, env guardtest.Env) contend.Guard {
-						c, err := atomic.NewClaimer(t.Context(), env.Handle, cfg)
-						require.NoError(t, err)
-						return c
-					},
-					FailFast:  true,
-					Exclusive: true,
-				})
+	// The lease is long enough that a loaded machine's slow extension does
+	// not count as a lost claim; TestDoExtendsTheLease covers short ones.
+	long := leased
+	long.Lease = 3 * time.Second
+	configs := map[string]atomic.ClaimConfig{"plain": plain, "leased": long}
+	// Each driver with each code path it has: database/sql's two drivers
+	// share the library's path, so each takes one configuration, and pgx
+	// native, a path of its own, takes both. The suite is about ten seconds
+	// a run.
+	for _, run := range []struct{ driver, config string }{
+		{"postgres", "plain"}, {"pgx", "leased"},
+		{testserver.PgxNative, "plain"}, {testserver.PgxNative, "leased"},
+	} {
+		driver, name, cfg := run.driver, run.config, configs[run.config]
+		t.Run(driver+"/"+name, func(t *testing.T) {
+			guardtest.Run(t, guardtest.Suite{
+				Driver: driver,
+				Setup:  func(t testing.TB, env guardtest.Env, keys []string) { bots(t, env.DB, keys...) },
+				New: func(t testing.TB, env guardtest.Env) contend.Guard {
+					c, err := atomic.NewClaimer(t.Context(), env.Handle, cfg)
+					require.NoError(t, err)
+					return c
+				},
+				FailFast:  true,
+				Exclusive: true,
 			})
-		}
+		})
 	}
 }
 
