@@ -105,7 +105,7 @@ func perSuccess(n int64, r row) string {
 
 // retries shows the retries only where the strategy reports them.
 func retries(r row) string {
-	if r.Strategy != "optimistic" {
+	if !countsRetries(r.Strategy) {
 		return "-"
 	}
 	return perSuccess(r.Retries, r)
@@ -201,7 +201,7 @@ func writeReport(ctx context.Context, admin *sqlx.DB, o Options, rows []row, too
 		"or a strategy that gave up on a busy key; lost % is their share of all operations. " +
 		"In decrement the stock never runs out, so lost stays 0 unless a strategy gives up; in claim each job can be claimed once, " +
 		"so ok is at most the number of jobs and every later call loses: on the hot key nearly 100% lost is the workload, not a fault. " +
-		"retries/ok: optimistic re-runs after a version conflict, per success. The invariant is checked against the table after every cell: " +
+		"retries/ok: re-runs of an optimistic strategy (and the adaptive guard) after a lost race, per success. The invariant is checked against the table after every cell: " +
 		"decrement — every sale shows in the stock, none below zero; claim — each job claimed by exactly one caller.\n\n")
 	b.WriteString(summary(rows))
 	var files []string
@@ -313,7 +313,7 @@ func writeChart(path, wl string, rows []row) error {
 			plots[m][k] = p
 		}
 	}
-	const cellW, cellH, legendW = 7 * vg.Inch, 4.5 * vg.Inch, 1.6 * vg.Inch
+	const cellW, cellH, legendW = 7 * vg.Inch, 4.5 * vg.Inch, 2.1 * vg.Inch
 	w, h := cellW*vg.Length(len(keyCounts))+legendW, cellH*vg.Length(len(metrics))
 	var img interface {
 		vg.CanvasSizer
@@ -393,18 +393,20 @@ func (p *progress) done() {
 // pink is left out: beside red and purple it is the one pair that blurs).
 func strategyColor(s string) color.Color {
 	palette := map[string]color.RGBA{
-		"raw":         {0, 0, 0, 255},
-		"raw-pgx":     {0, 0, 128, 255},     // navy
-		"atomic":      {31, 119, 180, 255},  // blue
-		"atomic-pgx":  {199, 21, 133, 255},  // violet-red
-		"pessimistic": {255, 127, 14, 255},  // orange
-		"optimistic":  {44, 160, 44, 255},   // green
-		"distlock":    {214, 39, 40, 255},   // red
-		"poll":        {188, 189, 34, 255},  // olive
-		"redislock":   {23, 190, 207, 255},  // cyan
-		"redsync":     {140, 86, 75, 255},   // brown
-		"queue":       {148, 103, 189, 255}, // purple
-		"naive":       {127, 127, 127, 255}, // grey
+		"raw":              {0, 0, 0, 255},
+		"raw-pgx":          {0, 0, 128, 255},     // navy
+		"atomic":           {31, 119, 180, 255},  // blue
+		"atomic-pgx":       {199, 21, 133, 255},  // violet-red
+		"pessimistic":      {255, 127, 14, 255},  // orange
+		"optimistic":       {44, 160, 44, 255},   // green
+		"optimistic-guard": {0, 90, 0, 255},      // dark green: the optimistic Store's sibling
+		"adaptive":         {0, 128, 128, 255},   // teal
+		"distlock":         {214, 39, 40, 255},   // red
+		"poll":             {188, 189, 34, 255},  // olive
+		"redislock":        {23, 190, 207, 255},  // cyan
+		"redsync":          {140, 86, 75, 255},   // brown
+		"queue":            {148, 103, 189, 255}, // purple
+		"naive":            {127, 127, 127, 255}, // grey
 	}
 	if c, ok := palette[s]; ok {
 		return c
