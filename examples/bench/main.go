@@ -1,4 +1,4 @@
-// Command bench is contend's end-to-end benchmark suite: the same two
+// Command bench is contend's end-to-end benchmark suite: the same
 // workloads under every strategy, in one run, with the numbers and a chart
 // that say which strategy to pick.
 //
@@ -7,7 +7,11 @@
 // and "claim a job once" (a jobs table; exactly one caller
 // may claim each job). Each runs on one hot key and on keys spread at random,
 // from 1, 8 and 64 goroutines, and optionally from several processes at once,
-// under each strategy through its natural API:
+// under each strategy through its natural API. A third, "shift", is a
+// decrement whose keys are spread for the first half of each cell and all
+// one key for the second, as when a sale starts: it runs on the spread key
+// counts, from more than one goroutine, under raw, pessimistic, the two
+// optimistic strategies and adaptive only.
 //
 //	raw               the bare conditional UPDATE through database/sql: the floor
 //	atomic            atomic.Update / Claimer.Claim

@@ -36,8 +36,24 @@ var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimis
 // pgxpool.Pool) rather than on database/sql; its floor is raw-pgx.
 func pgxNative(strategy string) bool { return strings.HasSuffix(strategy, "-pgx") }
 
-// The workloads: "decrement stock if available" and "claim a job once".
-var allWorkloads = []string{"decrement", "claim"}
+// The workloads: "decrement stock if available", "claim a job once", and
+// "shift", a decrement whose keys turn from spread to hot halfway through the
+// cell (see shiftPicker).
+var allWorkloads = []string{"decrement", "claim", "shift"}
+
+// shiftStrategies are the strategies the shift workload runs: the guards it
+// is there to set apart (the adaptive one beside the two it chooses
+// between), the optimistic Store, and raw, the floor.
+var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-guard", "adaptive"}
+
+// operation is what workload's operations do: shift sells, as decrement
+// does; only the keys it sells differ.
+func operation(workload string) string {
+	if workload == "shift" {
+		return "decrement"
+	}
+	return workload
+}
 
 // Lost races, as the harness counts them: it matches contend.ErrConflict.
 var (
@@ -66,6 +82,7 @@ type job struct {
 // createTable makes workload's table afresh with one row per key. Both tables
 // carry a version column, which the optimistic and adaptive strategies use.
 func createTable(ctx context.Context, db *sqlx.DB, workload string, keys []string) error {
+	workload = operation(workload)
 	stmts := map[string]string{
 		"decrement": `DROP TABLE IF EXISTS products;
 			CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0)`,
@@ -131,6 +148,7 @@ func (r retried) Do(ctx context.Context, key string, fn func(context.Context) er
 
 // newOp returns strategy's operation for workload, and what closes it.
 func newOp(ctx context.Context, b backends, workload, strategy string, c *counters) (harness.Op, func(), error) {
+	workload = operation(workload)
 	nothing := func() {}
 	observe := contend.ObserverFunc(func(_ context.Context, e contend.Event) {
 		if e.Kind != contend.EventRetry { // one event ends each call
