@@ -47,6 +47,9 @@ func TestQuickGrid(t *testing.T) {
 		require.LessOrEqual(t, r.Throughput*o.Duration.Seconds(), float64(r.Successes+r.Conflicts)+1e-9, r.name())
 		require.False(t, r.failed(), r.name())
 	}
+	md, err := os.ReadFile(filepath.Join(out, "results.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "- shift, spread(100)→hot, 8 worker(s) × 1 process(es), total ops/s: raw ")
 	for _, f := range []string{"results.md", "decrement.svg", "claim.svg", "shift.svg", "shift.png"} {
 		fi, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)
@@ -268,4 +271,34 @@ func TestMeasureShifts(t *testing.T) {
 	for k, n := range perKey {
 		require.Equal(t, n, out.PerKey[k].Successes, k)
 	}
+}
+
+// The adaptive guard's lines set it beside pessimistic on the hot key,
+// beside the optimistic guard on spread keys, and beside every strategy of
+// its shift cell, saying whether it beat both fixed guards.
+func TestAdaptiveSummary(t *testing.T) {
+	t.Parallel()
+	at := func(wl, strategy string, keys int, ops float64, p99 time.Duration) row {
+		return row{cell: cell{Workload: wl, Strategy: strategy, Keys: keys, Workers: 64, Processes: 1}, Throughput: ops, P99: p99}
+	}
+	rows := []row{
+		at("decrement", "pessimistic", 1, 1000, 100*time.Millisecond),
+		at("decrement", "adaptive", 1, 950, 105*time.Millisecond),
+		at("decrement", "optimistic-guard", 1000, 4000, 20*time.Millisecond),
+		at("decrement", "adaptive", 1000, 4200, 19*time.Millisecond),
+		at("claim", "adaptive", 1, 5000, time.Millisecond), // not a target: no line
+		at("claim", "pessimistic", 1, 5000, time.Millisecond),
+		at("shift", "raw", 1000, 9000, time.Millisecond),
+		at("shift", "pessimistic", 1000, 2000, time.Millisecond),
+		at("shift", "optimistic-guard", 1000, 2500, time.Millisecond),
+		at("shift", "adaptive", 1000, 3000, time.Millisecond),
+	}
+	require.Equal(t, "- decrement, hot key, 64 worker(s) × 1 process(es): adaptive at 0.95× pessimistic, p99 105.00 against 100.00 ms.\n"+
+		"- decrement, spread(1000), 64 worker(s) × 1 process(es): adaptive at 1.05× optimistic-guard, p99 19.00 against 20.00 ms.\n"+
+		"- shift, spread(1000)→hot, 64 worker(s) × 1 process(es), total ops/s: raw 9000, pessimistic 2000, optimistic-guard 2500, adaptive 3000; "+
+		"adaptive at 1.20× the better fixed guard (optimistic-guard): it beats both fixed guards.\n",
+		adaptiveSummary(rows))
+	rows[len(rows)-1].Throughput = 2400
+	require.Contains(t, adaptiveSummary(rows), "adaptive at 0.96× the better fixed guard (optimistic-guard): it does not beat both fixed guards.")
+	require.Contains(t, summary(rows), "adaptive at 0.95× pessimistic")
 }

@@ -465,6 +465,7 @@ func summary(rows []row) string {
 		}
 	}
 	b.WriteString(lockSummary(rows))
+	b.WriteString(adaptiveSummary(rows))
 	b.WriteString("\n")
 	return b.String()
 }
@@ -487,4 +488,66 @@ func lockSummary(rows []row) string {
 			r.Workload, r.Workers, r.Processes, r.Throughput/p.Throughput, ms(r.P99), ms(p.P99))
 	}
 	return b.String()
+}
+
+// adaptiveSummary sets the adaptive guard, wherever it ran decrement or
+// shift (the cells of its targets), beside the guards it chooses between: on
+// the hot key beside the row lock (pessimistic), throughput and p99; on
+// spread keys beside the optimistic guard; on the shift workload beside every
+// strategy that ran it, by total throughput, and as a multiple of the better
+// of the two fixed guards.
+func adaptiveSummary(rows []row) string {
+	var b strings.Builder
+	for _, r := range rows {
+		if r.Strategy != "adaptive" || r.Skipped != "" {
+			continue
+		}
+		keys := r.keyChoice()
+		if r.Keys == 1 {
+			keys = "hot key"
+		}
+		where := fmt.Sprintf("- %s, %s, %d worker(s) × %d process(es)", r.Workload, keys, r.Workers, r.Processes)
+		switch {
+		case r.Workload == "shift":
+			b.WriteString(shiftSummary(rows, r, where))
+		case r.Workload != "decrement":
+		case r.Keys == 1:
+			if p, ok := sibling(rows, r, "pessimistic"); ok && p.Throughput > 0 {
+				fmt.Fprintf(&b, "%s: adaptive at %.2f× pessimistic, p99 %s against %s ms.\n",
+					where, r.Throughput/p.Throughput, ms(r.P99), ms(p.P99))
+			}
+		default:
+			if o, ok := sibling(rows, r, "optimistic-guard"); ok && o.Throughput > 0 {
+				fmt.Fprintf(&b, "%s: adaptive at %.2f× optimistic-guard, p99 %s against %s ms.\n",
+					where, r.Throughput/o.Throughput, ms(r.P99), ms(o.P99))
+			}
+		}
+	}
+	return b.String()
+}
+
+// shiftSummary lists the total throughput of every strategy in adaptive's
+// shift cell, and says whether adaptive beat both fixed guards.
+func shiftSummary(rows []row, adaptive row, where string) string {
+	var totals []string
+	var best row
+	for _, s := range shiftStrategies {
+		o, ok := sibling(rows, adaptive, s)
+		if !ok {
+			continue
+		}
+		totals = append(totals, fmt.Sprintf("%s %.0f", s, o.Throughput))
+		if (s == "pessimistic" || s == "optimistic-guard") && o.Throughput > best.Throughput {
+			best = o
+		}
+	}
+	line := fmt.Sprintf("%s, total ops/s: %s", where, strings.Join(totals, ", "))
+	if best.Throughput > 0 {
+		verdict := "beats both fixed guards"
+		if adaptive.Throughput <= best.Throughput {
+			verdict = "does not beat both fixed guards"
+		}
+		line += fmt.Sprintf("; adaptive at %.2f× the better fixed guard (%s): it %s", adaptive.Throughput/best.Throughput, best.Strategy, verdict)
+	}
+	return line + ".\n"
 }
