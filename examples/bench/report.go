@@ -284,7 +284,11 @@ func writeChart(path, wl string, rows []row) error {
 			p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
 			p.Y.Tick.Marker = oneTwoFive{}
 			var workerTicks []plot.Tick
-			for i, s := range strats {
+			for _, s := range strats {
+				// Dashes and marks by the strategy's place in the suite,
+				// not in this chart, so that it looks the same in every
+				// chart, as its colour does (shift runs only a few).
+				i := max(slices.Index(allStrategies, s), 0)
 				var xys plotter.XYs
 				for _, r := range rows {
 					if r.Workload == wl && r.Keys == keys && r.Strategy == s && r.Skipped == "" {
