@@ -70,7 +70,8 @@ func TestNaiveBreaksAcrossProcesses(t *testing.T) {
 		Processes:  3,
 	})
 	require.NoError(t, err)
-	require.Len(t, rows, 2*len(allWorkloads))
+	// Both strategies on decrement and claim; shift has no cell on one key.
+	require.Len(t, rows, 2*2)
 	for _, r := range rows {
 		switch {
 		case r.Strategy == "naive" && r.Workload == "decrement":
