@@ -237,30 +237,35 @@ func TestMeasureShifts(t *testing.T) {
 	t.Parallel()
 	const window, goroutines, hot = 200 * time.Millisecond, 4, "hot"
 	type call struct {
-		key     string
-		elapsed time.Duration
+		key string
+		at  time.Time
 	}
 	var (
 		mu    sync.Mutex
 		calls []call
 	)
-	began := time.Now()
 	op := func(_ context.Context, key string) error {
 		mu.Lock()
 		defer mu.Unlock()
-		calls = append(calls, call{key, time.Since(began)})
+		calls = append(calls, call{key, time.Now()})
 		return nil
 	}
 	cfg := harness.Config{Goroutines: goroutines, Duration: window, Keys: load.Keys("k", 10), Spread: true}
+	// measure's window opens between before and the first operation: a
+	// loaded machine may pause the test anywhere in between, so each bound
+	// on the half is taken from the side that keeps it sure.
+	before := time.Now()
 	out := measure(t.Context(), cfg, op, shiftPicker(hot))
+	first := calls[0].at
 
 	perKey := map[string]int{}
 	spreadLate := 0
 	for _, c := range calls {
 		perKey[c.key]++
-		if c.elapsed < window/2 {
-			require.NotEqual(t, hot, c.key, "an operation at %v, before the half, went to the hot key", c.elapsed)
-		} else if c.key != hot {
+		switch {
+		case c.at.Before(before.Add(window / 2)):
+			require.NotEqual(t, hot, c.key, "an operation at %v, before the half, went to the hot key", c.at.Sub(before))
+		case !c.at.Before(first.Add(window/2)) && c.key != hot:
 			spreadLate++
 		}
 	}
