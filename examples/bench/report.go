@@ -204,7 +204,7 @@ func writeReport(ctx context.Context, admin *sqlx.DB, o Options, rows []row, too
 		"shift is decrement on keys spread at random for the first half of the window and on one of them, hot, for the second; " +
 		"its ops/s is over the whole window. " +
 		"retries/ok: re-runs of an optimistic strategy (and the adaptive guard) after a lost race, per success. The invariant is checked against the table after every cell: " +
-		"decrement — every sale shows in the stock, none below zero; claim — each job claimed by exactly one caller.\n\n")
+		"decrement and shift — every sale shows in the stock, none below zero; claim — each job claimed by exactly one caller.\n\n")
 	b.WriteString(summary(rows))
 	var files []string
 	for _, wl := range o.Workloads {
