@@ -195,7 +195,7 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		locked = time.Time{}
 		start := time.Now()
 		var one int
-		err := txn.Watch(ctx, func() error { return tx.QueryRow(ctx, g.lockSQL, key).Scan(&one) })
+		err := txn.Watch(ctx, tx, func() error { return tx.QueryRow(ctx, g.lockSQL, key).Scan(&one) })
 		if err != nil {
 			return classify(ctx, key, err)
 		}
