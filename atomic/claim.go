@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/contend/contend"
@@ -250,11 +251,7 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 
 // claimRow makes the claim of ClaimAs, reporting nothing.
 func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
-	args := []any{key, token}
-	if c.lease > 0 {
-		args = append(args, c.lease.Microseconds())
-	}
-	n, err := c.run(ctx, c.claim, args...)
+	n, err := c.run(ctx, c.claim, key, token, c.lease > 0)
 	switch {
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
@@ -263,8 +260,19 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 	case n == 2:
 		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
 	}
-	return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrConflict)
+	return &heldError{key}
 }
+
+// heldError is a claim's lost race: "atomic: claim <key>: <ErrConflict>",
+// matching [contend.ErrConflict]. On a hot key it is the common answer, so
+// it is one allocation, formatted only when read.
+type heldError struct{ key string }
+
+func (e *heldError) Error() string {
+	return fmt.Sprintf("atomic: claim %q: %v", e.key, contend.ErrConflict)
+}
+
+func (e *heldError) Unwrap() error { return contend.ErrConflict }
 
 // Release clears key's claim if, and only if, it is still held with token. It
 // reports whether it cleared it: false means the claim had already been
@@ -291,7 +299,7 @@ func (c *Claimer) Release(ctx context.Context, key, token string) (released bool
 
 // releaseRow is Release, reporting nothing.
 func (c *Claimer) releaseRow(ctx context.Context, key, token string) (released bool, err error) {
-	released, err = c.applied(ctx, c.release, key, token)
+	released, err = c.applied(ctx, c.release, key, token, false)
 	if err != nil {
 		return false, fmt.Errorf("atomic: release %q: %w", key, err)
 	}
@@ -321,7 +329,7 @@ func (c *Claimer) Extend(ctx context.Context, key, token string) (extended bool,
 
 // extendRow is Extend, reporting nothing.
 func (c *Claimer) extendRow(ctx context.Context, key, token string) (extended bool, err error) {
-	extended, err = c.applied(ctx, c.extend, key, token, c.lease.Microseconds())
+	extended, err = c.applied(ctx, c.extend, key, token, true)
 	if err != nil {
 		return false, fmt.Errorf("atomic: extend %q: %w", key, err)
 	}
@@ -472,17 +480,36 @@ func (c *Claimer) tx(ctx context.Context) (sqldb.Tx, error) {
 	return c.db.Outer(ctx)
 }
 
-func (c *Claimer) applied(ctx context.Context, s sqldb.Stmt, args ...any) (bool, error) {
-	n, err := c.run(ctx, s, args...)
+func (c *Claimer) applied(ctx context.Context, s sqldb.Stmt, key, token string, lease bool) (bool, error) {
+	n, err := c.run(ctx, s, key, token, lease)
 	return n == 1, err
 }
 
-// run runs s, watched (txn.WatchStmt), in the transaction ctx carries if
+// run runs s with key, token and, when lease is set, the lease in
+// microseconds, watched (txn.WatchStmt), in the transaction ctx carries if
 // any, and returns the count of rows it reports.
-func (c *Claimer) run(ctx context.Context, s sqldb.Stmt, args ...any) (int64, error) {
+func (c *Claimer) run(ctx context.Context, s sqldb.Stmt, key, token string, lease bool) (int64, error) {
 	tx, err := c.tx(ctx)
 	if err != nil {
 		return 0, err
 	}
-	return txn.WatchStmt(ctx, s, tx, args)
+	// The arguments go through an interface, where a slice of them would
+	// escape: one allocation per statement that the bare statement does
+	// not make. So their array is reused, once the statement is done with
+	// it (a statement given up on may still read it).
+	a := argArrays.Get().(*[3]any)
+	a[0], a[1] = key, token
+	args := a[:2]
+	if lease {
+		a[2] = c.lease.Microseconds()
+		args = a[:3]
+	}
+	n, err := txn.WatchStmt(ctx, s, tx, args)
+	if !errors.Is(err, txn.ErrNoAnswer) {
+		*a = [3]any{}
+		argArrays.Put(a)
+	}
+	return n, err
 }
+
+var argArrays = sync.Pool{New: func() any { return new([3]any) }}
