@@ -61,3 +61,21 @@ func handledLen(t testing.TB, client redis.UniversalClient, prefix string, keys 
 	}
 	return n
 }
+
+// handledJobs is how many distinct jobs the order tests' handlers logged for
+// keys: a redelivered job counts once, so a redelivery cannot make up for a
+// job still pending.
+func handledJobs(t testing.TB, client redis.UniversalClient, prefix string, keys []string) int {
+	n := 0
+	for _, k := range keys {
+		entries, err := client.LRange(t.Context(), logOf(prefix, k), 0, -1).Result()
+		require.NoError(t, err)
+		jobs := map[string]bool{}
+		for _, e := range entries {
+			job, _, _ := strings.Cut(e, "@")
+			jobs[job] = true
+		}
+		n += len(jobs)
+	}
+	return n
+}
