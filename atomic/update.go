@@ -74,7 +74,8 @@ func watchedExec(ctx context.Context, q sqldb.Querier, query string, args []any)
 //		`UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock > 0 RETURNING stock`, id)
 //
 // The statement must affect at most one row; with more, the first returned row
-// is scanned and the others are discarded.
+// is scanned and the others are discarded. MySQL and MariaDB have no UPDATE
+// ... RETURNING: use [UpdateSelect] there.
 func UpdateReturning(ctx context.Context, db contend.DB, dest []any, query string, args ...any) (applied bool, err error) {
 	q, err := sqldb.Statements(db)
 	if err != nil {
