@@ -8,9 +8,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/adaptive"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/mysqldb"
+	"github.com/contend/contend/optimistic"
+	"github.com/contend/contend/pessimistic"
 )
 
 func TestMain(m *testing.M) { testserver.Main(m) }
@@ -129,4 +132,22 @@ func TestQuerierIsTheGuardsTransaction(t *testing.T) {
 	var owner sql.NullString
 	require.NoError(t, db.QueryRow("SELECT owner FROM bots WHERE id = 'b'").Scan(&owner))
 	require.False(t, owner.Valid)
+}
+
+// The strategies whose statements are PostgreSQL's only refuse a MySQL
+// handle at construction, rather than fail at the first statement.
+func TestPostgresOnlyStrategiesRefuseMySQL(t *testing.T) {
+	t.Parallel()
+	h := mysqldb.Wrap(open(t, setup(t), true))
+	_, err := pessimistic.New(h, pessimistic.Config{Table: "products"})
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	_, err = pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{})
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	_, err = optimistic.NewGuard(h, optimistic.Config{Table: "products"})
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	_, err = optimistic.NewStore[int](h, optimistic.Config{Table: "products"})
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	_, err = adaptive.NewGuard(h, adaptive.Config{Table: "products"})
+	require.ErrorIs(t, err, contend.ErrInvalid)
+	require.ErrorContains(t, err, "PostgreSQL only")
 }
