@@ -64,9 +64,6 @@ func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolatio
 	if err != nil {
 		return runner{}, fmt.Errorf("pessimistic: %w", err)
 	}
-	if err := sqldb.PostgresOnly(d); err != nil {
-		return runner{}, fmt.Errorf("pessimistic: %w", err)
-	}
 	if timeout < 0 {
 		return runner{}, fmt.Errorf("pessimistic: lock timeout %v is negative: %w", timeout, contend.ErrInvalid)
 	}
