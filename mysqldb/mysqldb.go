@@ -21,18 +21,27 @@
 //
 // By default the driver reports the rows an UPDATE changed, not the rows it
 // matched: an update that writes what a row already holds reports 0, and an
-// affected-row check ([atomic.Update]) would take a win for a lost race.
+// affected-row check (atomic.Update) would take a win for a lost race.
 // The strategies need rows matched, which the driver reports with
 // clientFoundRows=true. The first use of a wrapped handle checks it (three
 // statements on a temporary table of the session's own, once per value Wrap
 // returned, bounded by 5s) and refuses a handle without it with an error
 // matching [contend.ErrInvalid]. So wrap once and keep the value.
 //
-// # What differs from PostgreSQL
+// # What runs, and what differs from PostgreSQL
+//
+// Package atomic (Update, UpdateN, UpdateSelect, the Claimer) and
+// pessimistic's row Locker run on a wrapped handle; pessimistic's Advisory,
+// optimistic and adaptive run on PostgreSQL only so far, and refuse it with
+// an error matching [contend.ErrInvalid].
 //
 //   - MySQL has no UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and
-//     DELETE only): use [atomic.UpdateSelect], which reads the row back in
+//     DELETE only): use atomic.UpdateSelect, which reads the row back in
 //     the update's transaction.
+//   - InnoDB's default isolation, REPEATABLE READ, reads from the snapshot of
+//     a transaction's first read: the Locker begins its transactions at READ
+//     COMMITTED, so that fn's plain reads see the latest commit of the rows
+//     it locked, nested locks included. Row locks are FOR UPDATE only.
 //   - A claim's lease column is a DATETIME(6) holding UTC, compared with
 //     the server's UTC_TIMESTAMP(6), so sessions' time zones do not matter.
 //   - Deadlocks (1213), lock wait timeouts (1205, also MariaDB's NOWAIT),
