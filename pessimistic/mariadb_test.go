@@ -6,6 +6,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -158,4 +160,44 @@ func TestLockManyAndClaimOnMariaDB(t *testing.T) {
 	require.NoError(t, err)
 	errRan := errors.New("ran")
 	require.ErrorIs(t, l.Claim(ctx, 1, func(context.Context, contend.DBTX, []string) error { return errRan }), errRan)
+}
+
+// Two transactions lock rows a and b in opposite orders: MariaDB kills one
+// as a deadlock (1213), which InTx, owning the transaction, runs again; both
+// end applied.
+func TestInTxRetriesADeadlockOnMariaDB(t *testing.T) {
+	t.Parallel()
+	h := testserver.Handle(t, testserver.MariaDBDriver, testserver.MariaDB(t)).(testserver.MariaDBHandle)
+	mariaRows(t, h.DB, "pair", "a", "b")
+	var (
+		runs  sync.Map // first run of each caller: wait for the other's first lock
+		ready sync.WaitGroup
+		count atomic.Int32
+	)
+	ready.Add(2)
+	errs := make(chan error, 2)
+	for i, order := range [][2]string{{"a", "b"}, {"b", "a"}} {
+		go func() {
+			errs <- pessimistic.InTx(t.Context(), h, nil, func(ctx context.Context) error {
+				count.Add(1)
+				q := contend.Querier(ctx, h.DB)
+				if _, err := q.ExecContext(ctx, "UPDATE pair SET n = n + 1 WHERE id = ?", order[0]); err != nil {
+					return err
+				}
+				if _, again := runs.LoadOrStore(i, true); !again {
+					ready.Done()
+					ready.Wait()
+				}
+				_, err := q.ExecContext(ctx, "UPDATE pair SET n = n + 1 WHERE id = ?", order[1])
+				return err
+			})
+		}()
+	}
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	require.EqualValues(t, 3, count.Load(), "one of the two ran again")
+	var n []int
+	require.NoError(t, h.DB.Select(&n, "SELECT n FROM pair ORDER BY id"))
+	require.Equal(t, []int{2, 2}, n, "each transaction applied once")
 }
