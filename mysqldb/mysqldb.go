@@ -59,6 +59,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -103,8 +104,10 @@ func (i invalid) ContendDB() (sqldb.DB, error) { return nil, i.err }
 type db struct {
 	h contend.DBTX
 
+	// checked is set once clientFoundRows is known to be set, and stays:
+	// every later call reads it without a lock.
+	checked atomic.Bool
 	mu      sync.Mutex // serializes the check, so that a pool is checked once
-	checked bool       // clientFoundRows is set; once true it stays
 }
 
 // ContendDB classifies the handle, checking clientFoundRows first when no
@@ -117,9 +120,12 @@ func (d *db) ContendDB() (sqldb.DB, error) {
 }
 
 func (d *db) check() error {
+	if d.checked.Load() {
+		return nil
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.checked {
+	if d.checked.Load() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
@@ -132,7 +138,7 @@ func (d *db) check() error {
 	if !found {
 		return ErrAffectedRows
 	}
-	d.checked = true
+	d.checked.Store(true)
 	return nil
 }
 
