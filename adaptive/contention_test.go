@@ -84,13 +84,15 @@ func logRun(t *testing.T, res harness.Result, c counter) {
 		res.Successes, res.Conflicts, res.Errors, c.N, c.Version, res.Percentile(.5), res.Percentile(.99), res.Throughput())
 }
 
-// 3000 increments of one counter from 64 goroutines × 3 processes, each
-// process's guard deciding for itself when the key went hot: every increment
-// lands, none is lost, each moved the version once.
+// 1536 increments of one counter from 64 goroutines × 3 processes (the load
+// under which the naive increment loses updates), each process's guard
+// deciding for itself when the key went hot: every increment lands, none is
+// lost, each moved the version once. On pgx native; the mixed-mode tests
+// run on database/sql.
 func TestNoLostUpdateUnderContention(t *testing.T) {
-	for _, driver := range []string{"pgx", testserver.PgxNative} {
+	for _, driver := range []string{testserver.PgxNative} {
 		t.Run(driver, func(t *testing.T) {
-			const total = 3000
+			const total = 3 * 64 * 8
 			var db *sqlx.DB
 			res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 64, Total: total},
 				func() harness.Params {
@@ -161,7 +163,7 @@ func mixed(t *testing.T, driver string, skipBump bool) (harness.Result, counter,
 // Optimistic and locked calls racing on one key lose no update: the locked
 // path's bump is what an optimistic check sees.
 func TestMixedModesLoseNoUpdate(t *testing.T) {
-	for _, driver := range []string{"pgx", testserver.PgxNative} {
+	for _, driver := range []string{"pgx"} {
 		t.Run(driver, func(t *testing.T) {
 			res, c, by := mixed(t, driver, false)
 			require.Zero(t, res.Errors, "%v", res.FirstErrors)

@@ -150,6 +150,7 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 	// lost their race. Counting them here costs nothing, where an Observer
 	// would build an event per attempt.
 	runs := 0
+	var fnErr error // of the last run of fn
 	err := g.opt.Do(ctx, key, func(ctx context.Context) error {
 		runs++
 		// A call that lost a race on a key that has since gone under the
@@ -158,7 +159,8 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 		if runs > 1 && !g.pinned && g.stats.mode(key) == Pessimistic {
 			return errToLock
 		}
-		return fn(ctx)
+		fnErr = fn(ctx)
+		return fnErr
 	})
 	if g.pinned {
 		return err
@@ -167,8 +169,11 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 		g.stats.record(key, runs-1, runs-1)
 		return g.doLocked(ctx, key, fn)
 	}
+	// The last run lost its race only when the guard gave up on the key;
+	// fn's own error, a refusal such as "sold out" that matches ErrConflict
+	// too, is an answer about the state, not a lost race.
 	lost := runs - 1
-	if errors.Is(err, contend.ErrConflict) {
+	if fnErr == nil && errors.Is(err, contend.ErrConflict) {
 		lost = runs
 	}
 	g.stats.record(key, runs, lost)
@@ -195,7 +200,7 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		locked = time.Time{}
 		start := time.Now()
 		var one int
-		err := txn.Watch(ctx, func() error { return tx.QueryRow(ctx, g.lockSQL, key).Scan(&one) })
+		err := txn.Watch(ctx, tx, func() error { return tx.QueryRow(ctx, g.lockSQL, key).Scan(&one) })
 		if err != nil {
 			return classify(ctx, key, err)
 		}

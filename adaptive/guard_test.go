@@ -49,7 +49,6 @@ func guardSuite(driver string, pin *adaptive.Mode) guardtest.Suite {
 		// it is exclusive, and the suite checks that too.
 		FailFast:  false,
 		Exclusive: locked,
-		Ops:       12,
 	}
 }
 
@@ -63,11 +62,12 @@ func (g lockedOnly) Promises() contend.Promises {
 	return p
 }
 
-// The whole Guard contract, on every driver the SQL strategies support, as
-// the guard adapts; and once with every call locked, so the locked path is
-// checked on its own too, exclusion included.
+// The whole Guard contract, on each code path (database/sql, pgx native), as
+// the guard adapts; and once with every call locked, on the other
+// database/sql driver, so the locked path is checked on its own too,
+// exclusion included.
 func TestGuardIsAGuard(t *testing.T) {
-	for _, driver := range testserver.AllDrivers {
+	for _, driver := range testserver.PathDrivers {
 		t.Run(driver, func(t *testing.T) {
 			guardtest.Run(t, guardSuite(driver, nil))
 		})

@@ -1,11 +1,14 @@
 package adaptive_test
 
 import (
+	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/contend/contend"
 	"github.com/contend/contend/adaptive"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/workload"
@@ -84,4 +87,20 @@ func sum(xs []int) int {
 		s += x
 	}
 	return s
+}
+
+// fn's own refusal, such as "already claimed", matches contend.ErrConflict
+// too, but it is an answer about the key's state, not a lost race: a key
+// whose calls are refused without any contention stays optimistic.
+func TestRefusalsAreNoConflicts(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	counters(t, db, "k")
+	g := newGuard(t, db, adaptive.Config{})
+	refused := fmt.Errorf("already claimed: %w", contend.ErrConflict)
+	for range 10 * adaptive.DefaultWindow {
+		err := g.Do(t.Context(), "k", func(context.Context) error { return refused })
+		require.Equal(t, refused, err, "fn's error comes back unchanged")
+		require.Equal(t, adaptive.Optimistic, g.Mode("k"), "one caller, refused, lost no race")
+	}
 }

@@ -107,9 +107,24 @@ func BenchmarkClaimRelease(b *testing.B) {
 		claimSQL   = `UPDATE bots SET engine_id = $2 WHERE id = $1 AND engine_id IS NULL`
 		releaseSQL = `UPDATE bots SET engine_id = NULL WHERE id = $1 AND engine_id = $2`
 	)
-	benchmark(b, []string{"raw", "contend"}, testserver.Drivers,
+	benchmark(b, []string{"raw", "contend"}, testserver.AllDrivers,
 		func(b *testing.B, db *sqlx.DB, keys []string) { bots(b, db, keys...) },
-		func(b *testing.B, impl string, db *sqlx.DB, _ contend.DB) func(ctx context.Context, key string) error {
+		func(b *testing.B, impl string, db *sqlx.DB, h contend.DB) func(ctx context.Context, key string) error {
+			native, isNative := h.(testserver.Native)
+			switch {
+			case impl == "raw" && isNative:
+				// pgx prepares and caches the statements by itself.
+				return func(ctx context.Context, key string) error {
+					token := strconv.FormatUint(rand.Uint64(), 16)
+					tag, err := native.Pool.Exec(ctx, claimSQL, key, token)
+					if err == nil && tag.RowsAffected() == 1 {
+						_, err = native.Pool.Exec(ctx, releaseSQL, key, token)
+					}
+					return err
+				}
+			case isNative:
+				h = pgxdb.Wrap(native.Pool) // as an application wraps its pool
+			}
 			if impl == "raw" {
 				claim, release := prepare(b, db, claimSQL), prepare(b, db, releaseSQL)
 				return func(ctx context.Context, key string) error {
@@ -124,7 +139,7 @@ func BenchmarkClaimRelease(b *testing.B) {
 					return err
 				}
 			}
-			c := claimer(b, db, plain)
+			c := claimer(b, h, plain)
 			return func(ctx context.Context, key string) error {
 				token := strconv.FormatUint(rand.Uint64(), 16)
 				if err := c.ClaimAs(ctx, key, token); errors.Is(err, contend.ErrConflict) {

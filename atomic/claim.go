@@ -94,7 +94,7 @@ type Claimer struct {
 	onTx   bool // built on a transaction, where its statements are prepared
 	db     sqldb.DB
 
-	claim   sqldb.Stmt // $1 key, $2 token [, $3 lease µs] → claimed, exists
+	claim   sqldb.Stmt // $1 key, $2 token [, $3 lease µs] → 0 rows: claimed, 1: held, 2: no row
 	release sqldb.Stmt // $1 key, $2 token
 	extend  sqldb.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
 	holds   keepalive.Timers
@@ -176,11 +176,17 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= now()`,
 			table, lease, deadline, key, owner, lease)
 	}
-	// One round trip tells a win, a lost race and a missing row apart: the
-	// UPDATE in the WITH runs to completion whatever the outer query reads,
-	// and the outer query's existence check sees the row as the statement
-	// began. A hot key's losers would otherwise pay a second query each.
-	claimSQL = fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT EXISTS (SELECT 1 FROM claimed), EXISTS (SELECT 1 FROM %s WHERE %s = $1)`,
+	// One round trip tells a win, a lost race and a missing row apart, in
+	// the count of rows the statement reports, as the bare UPDATE reports
+	// its own: the UPDATE in the WITH runs to completion whatever the outer
+	// query reads; the outer query sees the row as the statement began, and
+	// gives no row after a claim, one after a lost race, and two when the
+	// row is missing. A hot key's losers would otherwise pay a second query
+	// each; and the answer is a count, of rows without columns, not values
+	// to scan, and none for a win, so the driver's cost is the bare
+	// UPDATE's.
+	claimSQL = fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT FROM (VALUES (1), (2)) AS outcome (n) `+
+		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1))`,
 		claimSQL, table, key)
 
 	if err := c.prepare(ctx, cfg.Table, []statement{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}}); err != nil {
@@ -265,18 +271,13 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 	if c.lease > 0 {
 		args = append(args, c.lease.Microseconds())
 	}
-	tx, err := c.tx(ctx)
-	if err != nil {
-		return fmt.Errorf("atomic: claim %q: %w", key, err)
-	}
-	var claimed, exists bool
-	err = txn.Watch(ctx, func() error { return c.claim.QueryRow(ctx, tx, args...).Scan(&claimed, &exists) })
+	n, err := c.run(ctx, c.claim, args...)
 	switch {
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
-	case claimed:
+	case n == 0:
 		return nil
-	case !exists:
+	case n == 2:
 		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
 	}
 	return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrConflict)
@@ -489,18 +490,16 @@ func (c *Claimer) tx(ctx context.Context) (sqldb.Tx, error) {
 }
 
 func (c *Claimer) applied(ctx context.Context, s sqldb.Stmt, args ...any) (bool, error) {
+	n, err := c.run(ctx, s, args...)
+	return n == 1, err
+}
+
+// run runs s, watched (txn.WatchStmt), in the transaction ctx carries if
+// any, and returns the count of rows it reports.
+func (c *Claimer) run(ctx context.Context, s sqldb.Stmt, args ...any) (int64, error) {
 	tx, err := c.tx(ctx)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
-	var n int64
-	err = txn.Watch(ctx, func() error {
-		var err error
-		n, err = s.Exec(ctx, tx, args...)
-		return err
-	})
-	if err != nil {
-		return false, err
-	}
-	return n == 1, nil
+	return txn.WatchStmt(ctx, s, tx, args)
 }

@@ -96,47 +96,38 @@ func (s ordered) QueryRow(ctx context.Context, tx sqldb.Tx, args ...any) sqldb.R
 	return s.Stmt.QueryRow(ctx, tx, s.args(args)...)
 }
 
-// mysqlClaim answers a claim as PostgreSQL's statement does, with a row
-// (claimed, exists): the update, and when it matched nothing, the
-// existence check.
+// mysqlClaim answers a claim as PostgreSQL's statement does, in its count
+// (0: claimed, 1: held, 2: no row): the update, and when it matched
+// nothing, the existence check.
 type mysqlClaim struct {
 	update, exists ordered
 }
 
-func (s mysqlClaim) Exec(context.Context, sqldb.Tx, ...any) (int64, error) {
-	return 0, errors.New("atomic: a claim is read with QueryRow")
-}
-
-func (s mysqlClaim) QueryRow(ctx context.Context, tx sqldb.Tx, args ...any) sqldb.Row {
+func (s mysqlClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
 	n, err := s.update.Exec(ctx, tx, args...)
 	if err != nil {
-		return claimRow{err: err}
+		return 0, err
 	}
 	if n == 1 {
-		return claimRow{claimed: true, exists: true}
+		return 0, nil
 	}
 	var exists bool
 	if err := s.exists.QueryRow(ctx, tx, args...).Scan(&exists); err != nil {
-		return claimRow{err: err}
+		return 0, err
 	}
-	return claimRow{exists: exists}
+	if exists {
+		return 1, nil
+	}
+	return 2, nil
+}
+
+func (s mysqlClaim) QueryRow(context.Context, sqldb.Tx, ...any) sqldb.Row {
+	return errRow{errors.New("atomic: a claim answers in its count: run it with Exec")}
 }
 
 func (s mysqlClaim) Close() error { return errors.Join(s.update.Close(), s.exists.Close()) }
 
-// claimRow is the answer of mysqlClaim: Scan(&claimed, &exists).
-type claimRow struct {
-	claimed, exists bool
-	err             error
-}
+// errRow is a Row whose Scan reports err.
+type errRow struct{ err error }
 
-func (r claimRow) Scan(dest ...any) error {
-	if r.err != nil {
-		return r.err
-	}
-	if len(dest) != 2 {
-		return fmt.Errorf("atomic: a claim's row has 2 columns, not %d", len(dest))
-	}
-	*dest[0].(*bool), *dest[1].(*bool) = r.claimed, r.exists
-	return nil
-}
+func (r errRow) Scan(...any) error { return r.err }

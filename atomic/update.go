@@ -41,28 +41,9 @@ func UpdateN(ctx context.Context, db contend.DB, n int64, query string, args ...
 	return got == n, nil
 }
 
-// exec runs the statement, watched (txn.Watch) unless the driver ends it
-// with ctx by itself: then directly, so that the call costs what the
-// driver's own Exec costs, not a goroutine more.
+// exec runs the statement, watched (txn.WatchExec).
 func exec(ctx context.Context, q sqldb.Querier, query string, args []any) (int64, error) {
-	if _, ok := q.(sqldb.EndsWithCtx); ok {
-		return q.Exec(ctx, query, args...)
-	}
-	return watchedExec(ctx, q, query, args)
-}
-
-func watchedExec(ctx context.Context, q sqldb.Querier, query string, args []any) (int64, error) {
-	var got int64
-	err := txn.Watch(ctx, func() error {
-		var err error
-		got, err = q.Exec(ctx, query, args...)
-		return err
-	})
-	if err != nil {
-		// got must not be read: a statement given up on still writes it.
-		return 0, err
-	}
-	return got, nil
+	return txn.WatchExec(ctx, q, query, args)
 }
 
 // UpdateReturning runs one conditional statement with a RETURNING clause and

@@ -125,7 +125,7 @@ func TestUpdateRefusesNilDB(t *testing.T) {
 // 64 goroutines in each of 3 processes decrement one hot row of stock 1000:
 // exactly 1000 succeed, and the stock ends at 0, never below.
 func TestUpdateUnderContention(t *testing.T) {
-	for _, driver := range testserver.AllDrivers {
+	for _, driver := range testserver.PathDrivers {
 		t.Run(driver, func(t *testing.T) {
 			const stock = 1000
 			var db *sqlx.DB

@@ -132,7 +132,7 @@ func checkKey(op string, key any) error {
 // which must not be read when it fails: the statement may be left to finish
 // on its own (see txn.Watch).
 func scanRow(ctx context.Context, q sqldb.Querier, query string, args []any, dest ...any) error {
-	return preferCtx(ctx, txn.Watch(ctx, func() error {
+	return preferCtx(ctx, txn.Watch(ctx, q, func() error {
 		return q.QueryRow(ctx, query, args...).Scan(dest...)
 	}))
 }
@@ -140,12 +140,7 @@ func scanRow(ctx context.Context, q sqldb.Querier, query string, args []any, des
 // execApplied runs a statement and reports whether it affected exactly one
 // row.
 func execApplied(ctx context.Context, q sqldb.Querier, query string, args ...any) (bool, error) {
-	var n int64
-	err := txn.Watch(ctx, func() error {
-		var err error
-		n, err = q.Exec(ctx, query, args...)
-		return err
-	})
+	n, err := txn.WatchExec(ctx, q, query, args)
 	if err != nil {
 		return false, preferCtx(ctx, err)
 	}

@@ -119,11 +119,11 @@ func (d *db) ContendDB() (sqldb.DB, error) { return d, nil }
 
 func (d *db) Dialect() sqldb.Dialect { return sqldb.Postgres }
 
-// StatementsEndWithCtx marks d as [sqldb.EndsWithCtx]: pgx's default
-// context watcher puts a deadline on the connection when ctx ends, and a
-// configured one that first asks the server to cancel still sets one after
-// its delay.
-func (d *db) StatementsEndWithCtx() {}
+// StatementsEndWithCtx reports true (see [sqldb.EndsWithCtx]): pgx's
+// default context watcher puts a deadline on the connection when ctx ends,
+// and a configured one that first asks the server to cancel still sets one
+// after its delay.
+func (d *db) StatementsEndWithCtx() bool { return true }
 
 func (d *db) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	tag, err := d.h.Exec(ctx, query, args...)
@@ -255,6 +255,9 @@ type stmt struct {
 	d     *db
 	query string
 }
+
+// StatementsEndWithCtx reports true, as [db.StatementsEndWithCtx] does.
+func (stmt) StatementsEndWithCtx() bool { return true }
 
 func (s stmt) on(tx sqldb.Tx) sqldb.Querier {
 	if tx == nil {

@@ -1,4 +1,4 @@
-// Command bench is contend's end-to-end benchmark suite: the same two
+// Command bench is contend's end-to-end benchmark suite: the same
 // workloads under every strategy, in one run, with the numbers and a chart
 // that say which strategy to pick.
 //
@@ -7,21 +7,28 @@
 // and "claim a job once" (a jobs table; exactly one caller
 // may claim each job). Each runs on one hot key and on keys spread at random,
 // from 1, 8 and 64 goroutines, and optionally from several processes at once,
-// under each strategy through its natural API:
+// under each strategy through its natural API. A third, "shift", is a
+// decrement whose keys are spread for the first half of each cell and all
+// one key for the second, as when a sale starts: it runs on the spread key
+// counts, from more than one goroutine, under raw, pessimistic, the two
+// optimistic strategies and adaptive only.
 //
-//	raw          the bare conditional UPDATE through database/sql: the floor
-//	atomic       atomic.Update / Claimer.Claim
-//	pessimistic  pessimistic.Locker.Do around a read-check-write
-//	optimistic   optimistic.Store.Update (version check, retry)
-//	distlock     distlock.Client.Do around the read-check-write
-//	poll         SET NX PX retried every 1 ms, around it: the bare polling loop (a peer)
-//	redislock    bsm/redislock around the same read-check-write (a peer)
-//	redsync      go-redsync/redsync around it (a peer)
-//	queue        an in-memory queue whose partition consumers batch the
-//	             pending operations into one statement (one process only)
-//	naive        a sync.Mutex around the read-check-write: the negative
-//	             control, which holds within one process and breaks across
-//	             several
+//	raw               the bare conditional UPDATE through database/sql: the floor
+//	atomic            atomic.Update / Claimer.Claim
+//	pessimistic       pessimistic.Locker.Do around a read-check-write
+//	optimistic        optimistic.Store.Update (version check, retry)
+//	optimistic-guard  optimistic.Guard.Do around the read-check-write
+//	adaptive          adaptive.Guard.Do around it: optimistic per key while
+//	                  its races are rare, under the row lock while frequent
+//	distlock          distlock.Client.Do around the read-check-write
+//	poll              SET NX PX retried every 1 ms, around it: the bare polling loop (a peer)
+//	redislock         bsm/redislock around the same read-check-write (a peer)
+//	redsync           go-redsync/redsync around it (a peer)
+//	queue             an in-memory queue whose partition consumers batch the
+//	                  pending operations into one statement (one process only)
+//	naive             a sync.Mutex around the read-check-write: the negative
+//	                  control, which holds within one process and breaks across
+//	                  several
 //
 // After every cell the invariant is checked against the table. A strategy
 // that breaks it is marked BROKEN, and the program exits non-zero if any

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
+	load "github.com/contend/contend/internal/workload"
 )
 
 // The test binary doubles as the worker processes, as the program does.
@@ -23,15 +25,17 @@ func TestMain(m *testing.M) {
 }
 
 // The smoke run CI executes, in-process: every strategy holds its invariant
-// on both workloads, the naive control included (one process), and the
-// report and charts are written.
+// on every workload it runs, the naive control included (one process), and
+// the report and charts are written.
 func TestQuickGrid(t *testing.T) {
 	t.Parallel()
 	out := t.TempDir()
 	o := quick(Options{Out: out})
 	rows, err := Run(t.Context(), o)
 	require.NoError(t, err)
-	require.Len(t, rows, len(allWorkloads)*2*2*len(allStrategies))
+	// Every strategy on the hot key and spread keys from 1 and 8 workers,
+	// but shift: its strategies on the spread keys from 8 workers.
+	require.Len(t, rows, (len(allWorkloads)-1)*2*2*len(allStrategies)+len(shiftStrategies))
 	for _, r := range rows {
 		require.Empty(t, r.Skipped, r.name())
 		require.Empty(t, r.Violation, r.name())
@@ -43,7 +47,10 @@ func TestQuickGrid(t *testing.T) {
 		require.LessOrEqual(t, r.Throughput*o.Duration.Seconds(), float64(r.Successes+r.Conflicts)+1e-9, r.name())
 		require.False(t, r.failed(), r.name())
 	}
-	for _, f := range []string{"results.md", "decrement.svg", "claim.svg"} {
+	md, err := os.ReadFile(filepath.Join(out, "results.md"))
+	require.NoError(t, err)
+	require.Contains(t, string(md), "- shift, spread(100)→hot, 8 worker(s) × 1 process(es), total ops/s: raw ")
+	for _, f := range []string{"results.md", "decrement.svg", "claim.svg", "shift.svg", "shift.png"} {
 		fi, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)
 		require.Positive(t, fi.Size(), f)
@@ -63,7 +70,8 @@ func TestNaiveBreaksAcrossProcesses(t *testing.T) {
 		Processes:  3,
 	})
 	require.NoError(t, err)
-	require.Len(t, rows, 2*len(allWorkloads))
+	// Both strategies on decrement and claim; shift has no cell on one key.
+	require.Len(t, rows, 2*2)
 	for _, r := range rows {
 		switch {
 		case r.Strategy == "naive" && r.Workload == "decrement":
@@ -110,6 +118,7 @@ func TestBadOptions(t *testing.T) {
 		{Processes: -1},
 		{Rounds: -1},
 		{Duration: -time.Second},
+		{Workloads: []string{"shift"}, Keys: []int{1}}, // no cell: nothing to shift
 	} {
 		_, err := Run(t.Context(), o)
 		require.Error(t, err, "%+v", o)
@@ -171,7 +180,7 @@ func TestThroughputExcludesTheDrain(t *testing.T) {
 		return nil
 	}
 	var r row
-	r.fill(measure(t.Context(), harness.Config{Goroutines: goroutines, Duration: window}, op))
+	r.fill(measure(t.Context(), harness.Config{Goroutines: goroutines, Duration: window}, op, nil))
 	require.Equal(t, quick+goroutines, r.Successes, "the drained operations count as successes")
 	require.Equal(t, float64(quick)/window.Seconds(), r.Throughput, "only those that ended in the window count in ops/s")
 }
@@ -192,4 +201,110 @@ func TestLostShare(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, lostShare(row{Successes: tc.ok, Conflicts: tc.lost}), "%d ok, %d lost", tc.ok, tc.lost)
 	}
+}
+
+// The shift workload's picker keeps the harness's spread key for the first
+// half of the window and sends everything to the hot key after it.
+func TestShiftPicker(t *testing.T) {
+	t.Parallel()
+	c := cell{Workload: "shift", Keys: 100, Workers: 8}
+	pick := c.picker()
+	require.NotNil(t, pick)
+	require.Nil(t, cell{Workload: "decrement", Keys: 100}.picker())
+	const window = 800 * time.Millisecond
+	for _, tc := range []struct {
+		key     string
+		elapsed time.Duration
+		want    string
+	}{
+		{"k42", 0, "k42"},
+		{"k7", window/2 - time.Nanosecond, "k7"},
+		{"k42", window / 2, "k0"},
+		{"k7", window, "k0"},
+		{"k7", 2 * window, "k0"}, // the drain
+	} {
+		require.Equal(t, tc.want, pick(tc.key, tc.elapsed, window), "%s at %v", tc.key, tc.elapsed)
+	}
+	require.Equal(t, "k0", c.keys()[0])
+}
+
+// Under measure, the shift really shifts: no operation that started in the
+// first half went to the hot key, and after the half only the few already
+// picked before it (one per goroutine at most) went anywhere else. The
+// per-key counts the invariant is checked against follow the key each
+// operation went to, not the one the harness chose.
+func TestMeasureShifts(t *testing.T) {
+	t.Parallel()
+	const window, goroutines, hot = 200 * time.Millisecond, 4, "hot"
+	type call struct {
+		key string
+		at  time.Time
+	}
+	var (
+		mu    sync.Mutex
+		calls []call
+	)
+	op := func(_ context.Context, key string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, call{key, time.Now()})
+		return nil
+	}
+	cfg := harness.Config{Goroutines: goroutines, Duration: window, Keys: load.Keys("k", 10), Spread: true}
+	// measure's window opens between before and the first operation: a
+	// loaded machine may pause the test anywhere in between, so each bound
+	// on the half is taken from the side that keeps it sure.
+	before := time.Now()
+	out := measure(t.Context(), cfg, op, shiftPicker(hot))
+	first := calls[0].at
+
+	perKey := map[string]int{}
+	spreadLate := 0
+	for _, c := range calls {
+		perKey[c.key]++
+		switch {
+		case c.at.Before(before.Add(window / 2)):
+			require.NotEqual(t, hot, c.key, "an operation at %v, before the half, went to the hot key", c.at.Sub(before))
+		case !c.at.Before(first.Add(window/2)) && c.key != hot:
+			spreadLate++
+		}
+	}
+	require.LessOrEqual(t, spreadLate, goroutines, "operations after the half that went to a spread key")
+	require.Positive(t, perKey[hot], "no operation went to the hot key")
+	require.Greater(t, len(perKey), 2, "the first half did not spread")
+	require.Equal(t, len(calls), out.Successes)
+	require.Len(t, out.PerKey, len(perKey))
+	for k, n := range perKey {
+		require.Equal(t, n, out.PerKey[k].Successes, k)
+	}
+}
+
+// The adaptive guard's lines set it beside pessimistic on the hot key,
+// beside the optimistic guard on spread keys, and beside every strategy of
+// its shift cell, saying whether it beat both fixed guards.
+func TestAdaptiveSummary(t *testing.T) {
+	t.Parallel()
+	at := func(wl, strategy string, keys int, ops float64, p99 time.Duration) row {
+		return row{cell: cell{Workload: wl, Strategy: strategy, Keys: keys, Workers: 64, Processes: 1}, Throughput: ops, P99: p99}
+	}
+	rows := []row{
+		at("decrement", "pessimistic", 1, 1000, 100*time.Millisecond),
+		at("decrement", "adaptive", 1, 950, 105*time.Millisecond),
+		at("decrement", "optimistic-guard", 1000, 4000, 20*time.Millisecond),
+		at("decrement", "adaptive", 1000, 4200, 19*time.Millisecond),
+		at("claim", "adaptive", 1, 5000, time.Millisecond), // not a target: no line
+		at("claim", "pessimistic", 1, 5000, time.Millisecond),
+		at("shift", "raw", 1000, 9000, time.Millisecond),
+		at("shift", "pessimistic", 1000, 2000, time.Millisecond),
+		at("shift", "optimistic-guard", 1000, 2500, time.Millisecond),
+		at("shift", "adaptive", 1000, 3000, time.Millisecond),
+	}
+	require.Equal(t, "- decrement, hot key, 64 worker(s) × 1 process(es): adaptive at 0.95× pessimistic, p99 105.00 against 100.00 ms.\n"+
+		"- decrement, spread(1000), 64 worker(s) × 1 process(es): adaptive at 1.05× optimistic-guard, p99 19.00 against 20.00 ms.\n"+
+		"- shift, spread(1000)→hot, 64 worker(s) × 1 process(es), total ops/s: raw 9000, pessimistic 2000, optimistic-guard 2500, adaptive 3000; "+
+		"adaptive at 1.20× the better fixed guard (optimistic-guard): it beats both fixed guards.\n",
+		adaptiveSummary(rows))
+	rows[len(rows)-1].Throughput = 2400
+	require.Contains(t, adaptiveSummary(rows), "adaptive at 0.96× the better fixed guard (optimistic-guard): it does not beat both fixed guards.")
+	require.Contains(t, summary(rows), "adaptive at 0.95× pessimistic")
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	stdatomic "sync/atomic"
 	"time"
 
@@ -39,10 +40,49 @@ type cell struct {
 }
 
 func (c cell) keyChoice() string {
-	if c.Keys == 1 {
+	switch {
+	case c.Keys == 1:
 		return "hot"
+	case c.Workload == "shift":
+		return fmt.Sprintf("spread(%d)→hot", c.Keys)
 	}
 	return fmt.Sprintf("spread(%d)", c.Keys)
+}
+
+// inGrid reports whether c is worth a run. The shift workload turns spread
+// keys into one hot key: with one key there is nothing to turn, and with one
+// worker nobody to contend with. It is there to set the adaptive guard
+// beside the guards it chooses between, so it runs shiftStrategies only.
+func (c cell) inGrid() bool {
+	if c.Workload != "shift" {
+		return true
+	}
+	return c.Keys > 1 && c.Workers > 1 && slices.Contains(shiftStrategies, c.Strategy)
+}
+
+// picker is c's choice of each operation's key in place of the harness's,
+// nil to keep the harness's.
+func (c cell) picker() picker {
+	if c.Workload == "shift" {
+		return shiftPicker(c.keys()[0])
+	}
+	return nil
+}
+
+// A picker chooses the key of an operation that starts at elapsed into a
+// window of the given length, from the key the harness chose for it.
+type picker func(key string, elapsed, window time.Duration) string
+
+// shiftPicker is the shift workload's choice: the harness's key, picked at
+// random from the cell's keys, in the first half of the window, and hot in the
+// second, as when a sale starts on one product of many.
+func shiftPicker(hot string) picker {
+	return func(key string, elapsed, window time.Duration) string {
+		if elapsed < window/2 {
+			return key
+		}
+		return hot
+	}
 }
 
 func (c cell) name() string {
@@ -84,6 +124,21 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	var cells []cell
+	for _, wl := range o.Workloads {
+		for _, k := range o.Keys {
+			for _, w := range o.Workers {
+				for _, s := range o.Strategies {
+					if c := (cell{Workload: wl, Strategy: s, Keys: k, Workers: w, Processes: o.Processes}); c.inGrid() {
+						cells = append(cells, c)
+					}
+				}
+			}
+		}
+	}
+	if len(cells) == 0 {
+		return nil, fmt.Errorf("no cell to run: the shift workload needs more than one key and worker, and one of %s", strings.Join(shiftStrategies, ","))
+	}
 	pgServer, err := testserver.PostgresURL()
 	if err != nil {
 		return nil, err
@@ -112,16 +167,6 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 		}
 	}()
 
-	var cells []cell
-	for _, wl := range o.Workloads {
-		for _, k := range o.Keys {
-			for _, w := range o.Workers {
-				for _, s := range o.Strategies {
-					cells = append(cells, cell{Workload: wl, Strategy: s, Keys: k, Workers: w, Processes: o.Processes})
-				}
-			}
-		}
-	}
 	p := newProgress(o.Progress, o.Interactive, len(cells)*o.Rounds, o.Duration)
 	// Rounds walk the whole grid again rather than repeat a cell in place,
 	// so that slow drift (autovacuum, other load) spreads over every
@@ -230,7 +275,7 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 			return outcome{}, err
 		}
 	}
-	out := measure(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, op)
+	out := measure(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, op, c.picker())
 	out.Retries = cnt.retries.Load()
 	return out, nil
 }
@@ -258,25 +303,65 @@ func openPool(ctx context.Context, url string, size int) (*pgxpool.Pool, error) 
 }
 
 // measure runs op under cfg for cfg.Duration and counts, besides the
-// harness's totals, the operations that ended inside that window.
+// harness's totals, the operations that ended inside that window. pick, when
+// set, chooses each operation's key in place of the harness.
 //
 // The deadline stops new operations, never one in flight: an operation cut
 // short could have committed without being counted, and the invariant
 // compares every counted success with the table. So the operations in flight
 // at the deadline run on (the drain) and count as successes; they are left
 // out of InWindow, which is what the throughput divides by the window.
-func measure(ctx context.Context, cfg harness.Config, op harness.Op) outcome {
-	var inWindow stdatomic.Int64
-	end := time.Now().Add(cfg.Duration)
+func measure(ctx context.Context, cfg harness.Config, op harness.Op, pick picker) outcome {
+	var (
+		inWindow stdatomic.Int64
+		picked   perKey
+	)
+	began := time.Now()
+	end := began.Add(cfg.Duration)
 	whole := func(ctx context.Context, key string) error {
+		if pick != nil {
+			key = pick(key, time.Since(began), cfg.Duration)
+		}
 		err := op(context.WithoutCancel(ctx), key)
+		if pick != nil {
+			picked.add(key, err)
+		}
 		if (err == nil || errors.Is(err, contend.ErrConflict)) && time.Now().Before(end) {
 			inWindow.Add(1)
 		}
 		return err
 	}
 	res := harness.Local(ctx, cfg, whole)
+	if pick != nil {
+		// The harness counts each operation under the key it chose; the
+		// invariant needs the key the operation went to.
+		res.PerKey = picked.m
+	}
 	return outcome{Result: res, InWindow: inWindow.Load(), Window: cfg.Duration}
+}
+
+// perKey counts operations by key, as the harness does.
+type perKey struct {
+	mu sync.Mutex // protects m
+	m  map[string]harness.Count
+}
+
+func (p *perKey) add(key string, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[string]harness.Count{}
+	}
+	c := p.m[key]
+	switch {
+	case err == nil:
+		c.Successes++
+	case errors.Is(err, contend.ErrConflict):
+		c.Conflicts++
+	default:
+		c.Errors++
+	}
+	p.m[key] = c
 }
 
 // merge adds o's counts to out.
@@ -308,7 +393,7 @@ func (out *outcome) merge(o outcome) {
 // records any difference in r.
 func check(ctx context.Context, admin *sqlx.DB, r *row, out outcome) error {
 	var broken []string
-	switch r.Workload {
+	switch operation(r.Workload) {
 	case "decrement":
 		var rows []struct {
 			ID    string `db:"id"`

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	stdatomic "sync/atomic"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/adaptive"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
 	"github.com/contend/contend/internal/harness"
@@ -27,14 +29,31 @@ import (
 // The strategies, in the order they are shown. raw is the floor every other
 // one is measured against; poll (the bare 1 ms polling loop), redislock and
 // redsync are peers of distlock; naive is the negative control.
-var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "optimistic", "distlock", "poll", "redislock", "redsync", "queue", "naive"}
+var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "optimistic", "optimistic-guard", "adaptive",
+	"distlock", "poll", "redislock", "redsync", "queue", "naive"}
 
 // pgxNative reports whether strategy runs on pgx's native interface (a
 // pgxpool.Pool) rather than on database/sql; its floor is raw-pgx.
 func pgxNative(strategy string) bool { return strings.HasSuffix(strategy, "-pgx") }
 
-// The workloads: "decrement stock if available" and "claim a job once".
-var allWorkloads = []string{"decrement", "claim"}
+// The workloads: "decrement stock if available", "claim a job once", and
+// "shift", a decrement whose keys turn from spread to hot halfway through the
+// cell (see shiftPicker).
+var allWorkloads = []string{"decrement", "claim", "shift"}
+
+// shiftStrategies are the strategies the shift workload runs: the guards it
+// is there to set apart (the adaptive one beside the two it chooses
+// between), the optimistic Store, and raw, the floor.
+var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-guard", "adaptive"}
+
+// operation is what workload's operations do: shift sells, as decrement
+// does; only the keys it sells differ.
+func operation(workload string) string {
+	if workload == "shift" {
+		return "decrement"
+	}
+	return workload
+}
 
 // Lost races, as the harness counts them: it matches contend.ErrConflict.
 var (
@@ -61,8 +80,9 @@ type job struct {
 }
 
 // createTable makes workload's table afresh with one row per key. Both tables
-// carry a version column, which only the optimistic strategy uses.
+// carry a version column, which the optimistic and adaptive strategies use.
 func createTable(ctx context.Context, db *sqlx.DB, workload string, keys []string) error {
+	workload = operation(workload)
 	stmts := map[string]string{
 		"decrement": `DROP TABLE IF EXISTS products;
 			CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0)`,
@@ -99,12 +119,36 @@ type backends struct {
 // counters is what a strategy reports besides the harness's counts.
 type counters struct {
 	// retries counts the runs an operation made beyond its first
-	// (optimistic: attempts − 1, from Config.Observer).
+	// (optimistic: attempts − 1, from Config.Observer; the guards of
+	// countsRetries: fn's runs − 1, from retried).
 	retries stdatomic.Int64
+}
+
+// countsRetries reports whether strategy counts its retries.
+func countsRetries(strategy string) bool {
+	return slices.Contains([]string{"optimistic", "optimistic-guard", "adaptive"}, strategy)
+}
+
+// retried is a Guard that counts in n the runs of fn beyond the first of
+// each call: what any guard re-ran after a lost race or a deadlock.
+type retried struct {
+	g contend.Guard
+	n *stdatomic.Int64
+}
+
+func (r retried) Do(ctx context.Context, key string, fn func(context.Context) error) error {
+	runs := 0
+	err := r.g.Do(ctx, key, func(ctx context.Context) error {
+		runs++
+		return fn(ctx)
+	})
+	r.n.Add(int64(max(runs-1, 0)))
+	return err
 }
 
 // newOp returns strategy's operation for workload, and what closes it.
 func newOp(ctx context.Context, b backends, workload, strategy string, c *counters) (harness.Op, func(), error) {
+	workload = operation(workload)
 	nothing := func() {}
 	observe := contend.ObserverFunc(func(_ context.Context, e contend.Event) {
 		if e.Kind != contend.EventRetry { // one event ends each call
@@ -112,6 +156,9 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 		}
 	})
 	rcw := readCheckWrite(b.db, workload)
+	// Enough attempts that a hot key at 64 workers still ends in a sale;
+	// the retries it took are what the report shows.
+	optRetry := contend.Retry{MaxAttempts: 1000}
 	switch strategy {
 	case "raw":
 		return rawOp(b.db, workload), nothing, nil
@@ -124,10 +171,17 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 	case "pessimistic":
 		l, err := pessimistic.New(b.db, pessimistic.Config{Table: table(workload)})
 		return load.Guarded(l, rcw), nothing, err
+	case "optimistic-guard":
+		// The optimistic Guard around the read-check-write, the same shape
+		// of call as pessimistic and adaptive, where the optimistic Store
+		// above reads and writes the row itself.
+		g, err := optimistic.NewGuard(b.db, optimistic.Config{Table: table(workload), Retry: optRetry})
+		return load.Guarded(retried{g, &c.retries}, rcw), nothing, err
+	case "adaptive":
+		g, err := adaptive.NewGuard(b.db, adaptive.Config{Table: table(workload), Retry: optRetry})
+		return load.Guarded(retried{g, &c.retries}, rcw), nothing, err
 	case "optimistic":
-		// Enough attempts that a hot key at 64 workers still ends in a sale;
-		// the retries it took are what the report shows.
-		cfg := optimistic.Config{Table: table(workload), Retry: contend.Retry{MaxAttempts: 1000}, Observer: observe}
+		cfg := optimistic.Config{Table: table(workload), Retry: optRetry, Observer: observe}
 		if workload == "decrement" {
 			s, err := optimistic.NewStore[product](b.db, cfg)
 			return func(ctx context.Context, key string) error {

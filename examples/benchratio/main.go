@@ -12,7 +12,9 @@
 //	go test -run '^$' -bench . -count 6 ./atomic/ | go run ./examples/benchratio
 //
 // Both ratios are of time per op, library over raw (below 1 the library is
-// faster); throughput is the inverse, raw's time over the library's. A
+// faster); throughput is the inverse, raw's time over the library's. Run
+// with -benchmem, the table also gives both sides' allocs/op and how many
+// more the library makes. A
 // second table pairs the metrics a benchmark reports with b.ReportMetric
 // (distlock's p99-ns, max/min, cpu-ns/op and redis-cpu-ns/op) the same way,
 // where raw reports them too.
@@ -54,7 +56,7 @@ func main() {
 // metrics, the table of those; it returns how many pairs it printed.
 func write(out io.Writer, samples map[string]runs, order []string) int {
 	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "benchmark\traw ns/op\tns/op\tratio\tpaired\tthroughput ×raw\tn\t")
+	fmt.Fprintln(w, "benchmark\traw ns/op\tns/op\tratio\tpaired\tthroughput ×raw\tn\traw allocs\tallocs\t+allocs\t")
 	type pair struct{ floor, name string }
 	var pairs []pair
 	for _, name := range order {
@@ -63,8 +65,9 @@ func write(out io.Writer, samples map[string]runs, order []string) int {
 			if len(r) == 0 || len(l) == 0 {
 				continue
 			}
-			fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.3f\t%.3f\t%.2f\t%d\t\n", name, median(r), median(l),
-				median(l)/median(r), pairedRatio(r, l), median(r)/median(l), min(len(r), len(l)))
+			fmt.Fprintf(w, "%s\t%.0f\t%.0f\t%.3f\t%.3f\t%.2f\t%d\t%s\n", name, median(r), median(l),
+				median(l)/median(r), pairedRatio(r, l), median(r)/median(l), min(len(r), len(l)),
+				allocs(samples[floor]["allocs/op"], samples[name]["allocs/op"]))
 			pairs = append(pairs, pair{floor, name})
 		}
 	}
@@ -73,7 +76,7 @@ func write(out io.Writer, samples map[string]runs, order []string) int {
 	for _, p := range pairs {
 		for _, unit := range slices.Sorted(maps.Keys(samples[p.name])) {
 			r, l := samples[p.floor][unit], samples[p.name][unit]
-			if unit == "ns/op" || len(r) == 0 {
+			if unit == "ns/op" || unit == "allocs/op" || unit == "B/op" || len(r) == 0 {
 				continue
 			}
 			if !header {
@@ -87,6 +90,17 @@ func write(out io.Writer, samples map[string]runs, order []string) int {
 	}
 	w.Flush()
 	return len(pairs)
+}
+
+// allocs gives the allocation columns of a pair run with -benchmem: raw's
+// and the library's median allocs/op, and how many more the library makes
+// (a difference, not a ratio: the budget is counted in objects per op).
+func allocs(raw, lib []float64) string {
+	if len(raw) == 0 || len(lib) == 0 {
+		return "\t\t\t"
+	}
+	r, l := median(raw), median(lib)
+	return fmt.Sprintf("%.0f\t%.0f\t%+.0f\t", r, l, l-r)
 }
 
 // floors returns the raw sibling of name: the benchmark whose name differs

@@ -31,6 +31,24 @@ func TestPairsTimeAndMetricsWithRaw(t *testing.T) {
 	require.NotContains(t, got, "lonely")
 }
 
+func TestAllocationsBesideTime(t *testing.T) {
+	const in = `BenchmarkUpdate/raw/hot-2      10  100 ns/op  64 B/op  4 allocs/op
+BenchmarkUpdate/contend/hot-2  10  110 ns/op  96 B/op  6 allocs/op
+BenchmarkUpdate/raw/hot-2      10  100 ns/op  64 B/op  4 allocs/op
+BenchmarkUpdate/contend/hot-2  10  110 ns/op  96 B/op  7 allocs/op
+BenchmarkUpdate/raw/hot-2      10  100 ns/op  64 B/op  4 allocs/op
+BenchmarkUpdate/contend/hot-2  10  110 ns/op  96 B/op  7 allocs/op
+`
+	samples, order, err := read(strings.NewReader(in))
+	require.NoError(t, err)
+	var out strings.Builder
+	require.Equal(t, 1, write(&out, samples, order))
+	got := out.String()
+	t.Log("\n" + got)
+	require.Regexp(t, `contend/hot\s+100\s+110\s+1\.100\s+1\.100\s+0\.91\s+3\s+4\s+7\s+\+3`, got)
+	require.NotContains(t, got, "metric", "allocations are in the time table, not in the table of other metrics")
+}
+
 func TestRefusesUnpairedValues(t *testing.T) {
 	_, _, err := read(strings.NewReader("BenchmarkX/raw-2  10  100 ns/op 7\n"))
 	require.ErrorContains(t, err, "do not pair up")

@@ -119,12 +119,15 @@ type DB interface {
 	Dialect() Dialect
 }
 
-// EndsWithCtx is implemented by handles whose statements return when their
-// ctx ends, whatever the network does: pgx's, whose context watcher puts a
-// deadline on the connection at once. A statement on one needs no watching
-// (txn.Watch) to keep a call within its ctx.
-type EndsWithCtx interface {
-	StatementsEndWithCtx()
+// EndsWithCtx reports whether the statements of h, a handle of this
+// package's, return when their ctx ends, whatever the network does: pgx's
+// do, natively or through its database/sql driver, since its context
+// watcher puts a deadline on the connection at once; lib/pq's do not. A
+// statement on such a handle needs no watching (txn.Watch) to keep a call
+// within its ctx.
+func EndsWithCtx(h any) bool {
+	e, ok := h.(interface{ StatementsEndWithCtx() bool })
+	return ok && e.StatementsEndWithCtx()
 }
 
 // Wrapped is a handle of another driver, made by that driver's package
@@ -184,7 +187,7 @@ func Statements(db contend.DB) (Querier, error) {
 		if err := refuseBareMySQL(h); err != nil {
 			return nil, err
 		}
-		return stdQuerier{h}, nil
+		return stdQuerier{h, pgxStdlib(h)}, nil
 	}
 	return Open(db) // for its error
 }

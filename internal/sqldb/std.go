@@ -3,7 +3,9 @@ package sqldb
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
+	"reflect"
 
 	"github.com/jmoiron/sqlx"
 
@@ -45,16 +47,34 @@ func openStd(db contend.DBTX) (DB, error) {
 func classifyStd(db contend.DBTX) (stdDB, error) {
 	switch h := db.(type) {
 	case *sql.Tx, *sqlx.Tx:
-		return stdDB{stdQuerier: stdQuerier{h}, tx: &stdTx{stdQuerier{h}}}, nil
+		return stdDB{stdQuerier: stdQuerier{h, false}, tx: &stdTx{stdQuerier{h, false}}}, nil
 	case Beginner:
-		return stdDB{stdQuerier: stdQuerier{db}}, nil
+		return stdDB{stdQuerier: stdQuerier{db, pgxStdlib(db)}}, nil
 	}
 	return stdDB{}, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
 		"or anything with BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error) to begin a transaction per call, or a *sql.Tx "+
 		"or sqlx's Tx to run inside yours: %w", db, contend.ErrInvalid)
 }
 
-type stdQuerier struct{ db contend.DBTX }
+type stdQuerier struct {
+	db   contend.DBTX
+	ends bool // statements end with their ctx (pgx's driver)
+}
+
+func (q stdQuerier) StatementsEndWithCtx() bool { return q.ends }
+
+// pgxStdlib reports whether h is a pool of pgx's database/sql driver, whose
+// statements end with their ctx (see [EndsWithCtx]). Only a pool tells its
+// driver; a transaction or a connection is taken to be lib/pq's, which
+// costs a watch per statement and nothing else.
+func pgxStdlib(h any) bool {
+	d, ok := h.(interface{ Driver() driver.Driver })
+	if !ok {
+		return false
+	}
+	t := reflect.TypeOf(d.Driver())
+	return t != nil && t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "github.com/jackc/pgx/v5/stdlib"
+}
 
 func (q stdQuerier) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	res, err := q.db.ExecContext(ctx, query, args...)
@@ -140,7 +160,7 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 		}
 		return nil, err
 	}
-	return &stdOwnTx{stdTx: stdTx{stdQuerier{tx}}, tx: tx, conn: conn}, nil
+	return &stdOwnTx{stdTx: stdTx{stdQuerier{tx, d.ends}}, tx: tx, conn: conn}, nil
 }
 
 func (d stdDB) Acquire(ctx context.Context) (Conn, error) {
@@ -152,7 +172,7 @@ func (d stdDB) Acquire(ctx context.Context) (Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return stdConn{stdQuerier{c}, c}, nil
+	return stdConn{stdQuerier{c, d.ends}, c}, nil
 }
 
 func (d stdDB) Prepare(ctx context.Context, query string) (Stmt, error) {
@@ -164,7 +184,7 @@ func (d stdDB) Prepare(ctx context.Context, query string) (Stmt, error) {
 	if err != nil {
 		return nil, err
 	}
-	return stdStmt{s}, nil
+	return stdStmt{s, d.ends}, nil
 }
 
 type stdConn struct {
@@ -214,7 +234,12 @@ func (t *stdOwnTx) release() {
 	}
 }
 
-type stdStmt struct{ s *sql.Stmt }
+type stdStmt struct {
+	s    *sql.Stmt
+	ends bool // of the pool it was prepared on, whose transactions it runs in
+}
+
+func (s stdStmt) StatementsEndWithCtx() bool { return s.ends }
 
 // in returns s as it runs in tx: a statement prepared on the pool runs in
 // a transaction through StmtContext.

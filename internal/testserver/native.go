@@ -22,6 +22,13 @@ const PgxNative = "pgx-native"
 // [PgxNative]. Tests that build a subject with [Handle] run against each.
 var AllDrivers = []string{"postgres", "pgx", PgxNative}
 
+// PathDrivers lists one driver per code path of the SQL strategies:
+// database/sql (lib/pq) and pgx native. lib/pq and pgx's stdlib driver run
+// the same library code and differ in what the light tests and the fault
+// suite check (errors, cancellation), so the heavy contention tests run on
+// these two, to keep the test run short.
+var PathDrivers = []string{"postgres", PgxNative}
+
 // sqlDriver returns the database/sql driver for a test's own statements
 // under driver.
 func sqlDriver(driver string) string {

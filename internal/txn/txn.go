@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/contend/contend"
@@ -210,14 +211,19 @@ type ender struct {
 
 // begin runs BEGIN, watched like any statement of the guard's (see
 // [Watch]): when it is given up on, the transaction it may still begin is
-// rolled back once it returns.
+// rolled back once it returns. A handle whose statements end with their ctx
+// ([sqldb.EndsWithCtx]) needs no watching: its BEGIN, under txCtx, ends
+// when ctx does.
 func (e ender) begin(ctx context.Context, d sqldb.DB, txCtx context.Context, opts sqldb.TxOptions) (sqldb.OwnTx, error) {
+	if sqldb.EndsWithCtx(d) {
+		return d.Begin(txCtx, opts)
+	}
 	type begun struct {
 		tx  sqldb.OwnTx
 		err error
 	}
 	done := make(chan begun, 1)
-	err := Watch(ctx, func() error {
+	err := Watch(ctx, nil, func() error {
 		tx, err := d.Begin(txCtx, opts)
 		done <- begun{tx, err}
 		return err
@@ -258,31 +264,108 @@ var ErrNoAnswer = errors.New("no answer from the server")
 // to report that it was cut short.
 const CancelGrace = 250 * time.Millisecond
 
-// Watch runs call, a statement sent under ctx, and returns its error. When
-// ctx ends first and call has not returned [CancelGrace] later, Watch returns
-// ctx's error (marked [ErrNoAnswer]) and leaves call to finish alone. pgx
-// stops reading when ctx ends; lib/pq asks the server to cancel the
-// statement and waits for its answer, which a silent network never brings,
-// so the caller would wait until the kernel gives up on the connection.
-func Watch(ctx context.Context, call func() error) error {
-	if ctx.Done() == nil {
+// Watch runs call, a statement sent under ctx on handle h, and returns its
+// error. When ctx ends first and call has not returned [CancelGrace] later,
+// Watch returns ctx's error (marked [ErrNoAnswer]) and leaves call to finish
+// alone. pgx stops reading when ctx ends; lib/pq asks the server to cancel
+// the statement and waits for its answer, which a silent network never
+// brings, so the caller would wait until the kernel gives up on the
+// connection. So call runs on a goroutine of its own, unless h's statements
+// end with ctx by themselves ([sqldb.EndsWithCtx]): then Watch runs it
+// directly, and it costs what the driver's call costs.
+func Watch(ctx context.Context, h any, call func() error) error {
+	if ctx.Done() == nil || sqldb.EndsWithCtx(h) {
 		return call()
 	}
-	done := make(chan error, 1)
-	go func() { done <- call() }()
+	w := watchers.Get().(*watcher)
+	w.call = call
+	_, err := w.watch(ctx)
+	return err
+}
+
+// WatchExec is [Watch] for q.Exec(ctx, query, args...), and WatchStmt for
+// s.Exec(ctx, tx, args...) (a statement runs on the database it was
+// prepared on, in tx or not, so s tells whether it ends with ctx): the
+// statement's count of rows travels with its answer, and the call is no
+// closure, so a watched statement costs the goroutine it runs on and no
+// other allocation.
+func WatchExec(ctx context.Context, q sqldb.Querier, query string, args []any) (int64, error) {
+	if ctx.Done() == nil || sqldb.EndsWithCtx(q) {
+		return q.Exec(ctx, query, args...)
+	}
+	w := watchers.Get().(*watcher)
+	w.ctx, w.q, w.query, w.args = ctx, q, query, args
+	return w.watch(ctx)
+}
+
+// WatchStmt: see [WatchExec].
+func WatchStmt(ctx context.Context, s sqldb.Stmt, tx sqldb.Tx, args []any) (int64, error) {
+	if ctx.Done() == nil || sqldb.EndsWithCtx(s) {
+		return s.Exec(ctx, tx, args...)
+	}
+	w := watchers.Get().(*watcher)
+	w.ctx, w.stmt, w.tx, w.args = ctx, s, tx, args
+	return w.watch(ctx)
+}
+
+// A watcher runs a watched call on a goroutine of its own: call, or else a
+// statement, q's or stmt's. Watchers are reused, channel and all, once
+// their call's answer has been read.
+type watcher struct {
+	done chan answer // buffered: an abandoned call's answer never blocks
+	call func() error
+
+	ctx   context.Context
+	q     sqldb.Querier
+	query string
+	stmt  sqldb.Stmt
+	tx    sqldb.Tx
+	args  []any
+}
+
+type answer struct {
+	n   int64
+	err error
+}
+
+var watchers = sync.Pool{New: func() any { return &watcher{done: make(chan answer, 1)} }}
+
+func (w *watcher) watch(ctx context.Context) (int64, error) {
+	go w.run()
 	select {
-	case err := <-done:
-		return err
+	case a := <-w.done:
+		w.recycle()
+		return a.n, a.err
 	case <-ctx.Done():
 	}
 	t := time.NewTimer(CancelGrace)
 	defer t.Stop()
 	select {
-	case err := <-done:
-		return err
+	case a := <-w.done:
+		w.recycle()
+		return a.n, a.err
 	case <-t.C:
-		return fmt.Errorf("%w %v after ctx ended: %w", ErrNoAnswer, CancelGrace, context.Cause(ctx))
+		// w stays with the call, whose answer nobody reads.
+		return 0, fmt.Errorf("%w %v after ctx ended: %w", ErrNoAnswer, CancelGrace, context.Cause(ctx))
 	}
+}
+
+func (w *watcher) run() {
+	var a answer
+	switch {
+	case w.call != nil:
+		a.err = w.call()
+	case w.stmt != nil:
+		a.n, a.err = w.stmt.Exec(w.ctx, w.tx, w.args...)
+	default:
+		a.n, a.err = w.q.Exec(w.ctx, w.query, w.args...)
+	}
+	w.done <- a
+}
+
+func (w *watcher) recycle() {
+	*w = watcher{done: w.done}
+	watchers.Put(w)
 }
 
 // Within runs call on a goroutine of its own and returns its error, or,

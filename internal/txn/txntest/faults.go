@@ -127,8 +127,11 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 //
 // Each checks what the caller sees, that the call returns within its bound,
 // that nothing is half-written and that nothing stays held. The three run
-// at once, their cases one after the other, to keep the connections to the
-// shared server few. Run it from a
+// at once, and so do the drivers of network and process, each with a row
+// and a proxy of its own (their cases mostly wait on timers); the cases of
+// one driver run one after the other, to keep the connections to the
+// shared server few. The restarts share one server, so their drivers take
+// turns. Run it from a
 // top-level test that does nothing else: in the holder process, Run plays
 // the holder.
 func Run(t *testing.T, s Subject) {
@@ -140,6 +143,7 @@ func Run(t *testing.T, s Subject) {
 		t.Parallel()
 		for _, driver := range testserver.AllDrivers {
 			t.Run(driver, func(t *testing.T) {
+				t.Parallel()
 				t.Run("reset mid-transaction", func(t *testing.T) { reset(t, s, driver) })
 				t.Run("silence during commit", func(t *testing.T) { silence(t, s, driver) })
 				t.Run("silence from the start", func(t *testing.T) { silentStart(t, s, driver) })
@@ -151,6 +155,7 @@ func Run(t *testing.T, s Subject) {
 		t.Parallel()
 		for _, driver := range testserver.AllDrivers {
 			t.Run(driver, func(t *testing.T) {
+				t.Parallel()
 				t.Run("holder killed", func(t *testing.T) { killed(t, s, driver) })
 				t.Run("holder stopped", func(t *testing.T) { stopped(t, s, driver) })
 			})
