@@ -136,17 +136,21 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 	if cfg.FinishTimeout == 0 {
 		cfg.FinishTimeout = DefaultFinishTimeout
 	}
-	table, err := sqlident.Quote("atomic: table", cfg.Table)
+	table, err := sqlident.QuoteIn(d.Dialect(), "atomic: table", cfg.Table)
 	if err != nil {
 		return nil, err
 	}
-	key, err := sqlident.Quote("atomic: key column", cfg.KeyColumn)
+	key, err := sqlident.QuoteIn(d.Dialect(), "atomic: key column", cfg.KeyColumn)
 	if err != nil {
 		return nil, err
 	}
-	owner, err := sqlident.Quote("atomic: owner column", cfg.OwnerColumn)
+	owner, err := sqlident.QuoteIn(d.Dialect(), "atomic: owner column", cfg.OwnerColumn)
 	if err != nil {
 		return nil, err
+	}
+
+	if d.Dialect() == sqldb.MySQL {
+		return newMySQLClaimer(ctx, d, cfg, table, key, owner)
 	}
 
 	// Plain UPDATEs under READ COMMITTED are enough: of two concurrent claims,
@@ -157,7 +161,7 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 	var extendSQL string
 	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, observer: cfg.Observer}
 	if cfg.LeaseColumn != "" {
-		lease, err := sqlident.Quote("atomic: lease column", cfg.LeaseColumn)
+		lease, err := sqlident.QuoteIn(d.Dialect(), "atomic: lease column", cfg.LeaseColumn)
 		if err != nil {
 			return nil, err
 		}
@@ -186,19 +190,32 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1))`,
 		claimSQL, table, key)
 
-	for _, p := range []struct {
-		dst   *sqldb.Stmt
-		query string
-	}{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}} {
+	if err := c.prepare(ctx, cfg.Table, []statement{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}}); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// statement is one of a claimer's statements, to be prepared into dst; an
+// empty query is one the claimer does without.
+type statement struct {
+	dst   *sqldb.Stmt
+	query string
+}
+
+// prepare prepares stmts on c's db, or closes what it prepared and fails.
+func (c *Claimer) prepare(ctx context.Context, table string, stmts []statement) error {
+	for _, p := range stmts {
 		if p.query == "" {
 			continue
 		}
-		if *p.dst, err = d.Prepare(ctx, p.query); err != nil {
+		var err error
+		if *p.dst, err = c.db.Prepare(ctx, p.query); err != nil {
 			c.Close()
-			return nil, fmt.Errorf("atomic: prepare claimer on %s: %w", cfg.Table, err)
+			return fmt.Errorf("atomic: prepare claimer on %s: %w", table, err)
 		}
 	}
-	return c, nil
+	return nil
 }
 
 // Close releases the prepared statements. The Claimer must not be used after.

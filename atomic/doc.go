@@ -43,4 +43,10 @@
 // Statements use PostgreSQL's $n placeholders and work with lib/pq, pgx's
 // stdlib driver, and pgx's native pool, connection or transaction wrapped by
 // pgxdb.Wrap, through one code path.
+//
+// On MySQL and MariaDB (a handle wrapped by mysqldb.Wrap) the Claimer runs
+// MySQL's statements and [Update] runs yours, written with ? placeholders.
+// The Claimer's lease column is a DATETIME(6) holding UTC, compared with the
+// server's UTC_TIMESTAMP(6). MySQL has no UPDATE ... RETURNING: use
+// [UpdateSelect].
 package atomic

@@ -2,6 +2,7 @@ package atomic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/contend/contend"
@@ -54,7 +55,8 @@ func exec(ctx context.Context, q sqldb.Querier, query string, args []any) (int64
 //		`UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock > 0 RETURNING stock`, id)
 //
 // The statement must affect at most one row; with more, the first returned row
-// is scanned and the others are discarded.
+// is scanned and the others are discarded. MySQL and MariaDB have no UPDATE
+// ... RETURNING: use [UpdateSelect] there.
 func UpdateReturning(ctx context.Context, db contend.DB, dest []any, query string, args ...any) (applied bool, err error) {
 	q, err := sqldb.Statements(db)
 	if err != nil {
@@ -66,3 +68,55 @@ func UpdateReturning(ctx context.Context, db contend.DB, dest []any, query strin
 	}
 	return err == nil, err
 }
+
+// UpdateSelect is [UpdateReturning] in the shape every dialect has, for
+// MySQL and MariaDB, whose UPDATE has no RETURNING: it runs update, a
+// conditional statement, and when it affected exactly one row runs query in
+// the same transaction and scans query's first row into dest:
+//
+//	var left int
+//	applied, err := atomic.UpdateSelect(ctx, db, []any{&left},
+//		"UPDATE products SET stock = stock - 1 WHERE id = ? AND stock > 0", []any{id},
+//		"SELECT stock FROM products WHERE id = ?", id)
+//
+// The update's row lock lasts until the transaction ends, so query, reading
+// the updated row, sees it as the update left it (in MySQL's REPEATABLE READ
+// too: a transaction reads its own writes), and of concurrent calls the
+// update's condition lets exactly as many win as it would alone. When the
+// update affects another number of rows, applied is false and dest
+// untouched. db is a pool, on which a transaction is begun, rolled back
+// when the update did not apply, and run again on a deadlock; or a
+// transaction, the caller's or the one ctx carries (a guard's fn), which is
+// joined and never ended: roll it back when the update may have touched
+// other rows than the one it was meant for.
+func UpdateSelect(ctx context.Context, db contend.DB, dest []any, update string, updateArgs []any, query string, queryArgs ...any) (applied bool, err error) {
+	d, err := sqldb.Open(db)
+	if err != nil {
+		return false, fmt.Errorf("atomic: %w", err)
+	}
+	_, err = txn.RunTx(ctx, d, txn.Options{}, func(ctx context.Context, tx sqldb.Tx) error {
+		n, err := exec(ctx, tx, update, updateArgs)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return errNotApplied
+		}
+		row := tx.QueryRow(ctx, query, queryArgs...)
+		if err := row.Scan(dest...); err != nil {
+			if sqldb.NoRows(err) {
+				return fmt.Errorf("atomic: the query after the update found no row: %w", err)
+			}
+			return err
+		}
+		applied = true
+		return nil
+	})
+	if errors.Is(err, errNotApplied) {
+		return false, nil
+	}
+	return applied && err == nil, err
+}
+
+// errNotApplied rolls back an UpdateSelect whose update did not apply.
+var errNotApplied = errors.New("atomic: not applied")

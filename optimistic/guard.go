@@ -64,6 +64,9 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("optimistic: %w", err)
 	}
+	if err := sqldb.PostgresOnly(d); err != nil {
+		return nil, fmt.Errorf("optimistic: %w", err)
+	}
 	if cfg.FinishTimeout < 0 {
 		return nil, fmt.Errorf("optimistic: finish timeout %v is negative: %w", cfg.FinishTimeout, contend.ErrInvalid)
 	}

@@ -71,6 +71,9 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 	if err != nil {
 		return nil, fmt.Errorf("optimistic: %w", err)
 	}
+	if err := sqldb.PostgresOnly(d); err != nil {
+		return nil, fmt.Errorf("optimistic: %w", err)
+	}
 	n, err := cfg.names()
 	if err != nil {
 		return nil, err

@@ -80,6 +80,9 @@ func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := sqldb.PostgresOnly(r.db); err != nil {
+		return nil, fmt.Errorf("pessimistic: advisory: %w", err)
+	}
 	a := &Advisory{r: r, lock: `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`}
 	if cfg.Mode == NoWait {
 		a.lock = `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`

@@ -151,6 +151,10 @@ type Locker struct {
 	lockMany   string // $1 keys → key per locked row, in lock order
 	existsMany string // $1 keys → count
 	claim      string // $1 limit → key per claimed row
+	// many returns LockMany's two statements for keys and their arguments,
+	// where a list of keys takes a placeholder per key (MySQL); nil where
+	// it is one array parameter.
+	many func(keys []string) (lock, exists string, args []any)
 }
 
 var _ contend.Guard = (*Locker)(nil)
@@ -180,6 +184,9 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry, cfg.Observer)
 	if err != nil {
 		return nil, err
+	}
+	if r.db.Dialect() == sqldb.MySQL {
+		return newMySQLLocker(r, cfg)
 	}
 	table, err := sqlident.Quote("pessimistic: table", cfg.Table)
 	if err != nil {
@@ -306,8 +313,12 @@ func (l *Locker) LockMany(ctx context.Context, keys []string, fn func(ctx contex
 	want := slices.Compact(slices.Sorted(slices.Values(keys)))
 	what := func() string { return describe(want) }
 	var locked []string
+	lockMany, existsMany, args := l.lockMany, l.existsMany, []any{sqlident.TextArray(want)}
+	if l.many != nil {
+		lockMany, existsMany, args = l.many(want)
+	}
 	return l.r.run(ctx, what, func() string { return strings.Join(want, ",") }, func(ctx context.Context, tx sqldb.Tx) (err error) {
-		locked, err = queryKeys(ctx, tx, l.lockMany, sqlident.TextArray(want))
+		locked, err = queryKeys(ctx, tx, lockMany, args...)
 		if err != nil || len(locked) == len(want) {
 			return err
 		}
@@ -316,7 +327,7 @@ func (l *Locker) LockMany(ctx context.Context, keys []string, fn func(ctx contex
 				return nil
 			}
 			var n int
-			if err := tx.QueryRow(ctx, l.existsMany, sqlident.TextArray(want)).Scan(&n); err != nil {
+			if err := tx.QueryRow(ctx, existsMany, args...).Scan(&n); err != nil {
 				return err
 			}
 			if n > 0 {
@@ -364,8 +375,8 @@ func (l *Locker) Claim(ctx context.Context, n int, fn func(ctx context.Context, 
 	})
 }
 
-func queryKeys(ctx context.Context, tx sqldb.Tx, query string, arg any) ([]string, error) {
-	rows, err := tx.Query(ctx, query, arg)
+func queryKeys(ctx context.Context, tx sqldb.Tx, query string, args ...any) ([]string, error) {
+	rows, err := tx.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

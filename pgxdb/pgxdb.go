@@ -117,6 +117,8 @@ func (d *db) Release() {
 
 func (d *db) ContendDB() (sqldb.DB, error) { return d, nil }
 
+func (d *db) Dialect() sqldb.Dialect { return sqldb.Postgres }
+
 // StatementsEndWithCtx reports true (see [sqldb.EndsWithCtx]): pgx's
 // default context watcher puts a deadline on the connection when ctx ends,
 // and a configured one that first asks the server to cancel still sets one

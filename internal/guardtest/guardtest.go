@@ -50,6 +50,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/history"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -66,12 +67,14 @@ type Env struct {
 	// with Prefix.
 	Redis  *redis.Client
 	Prefix string
+	// Dialect is the SQL of the suite's driver's server.
+	Dialect sqldb.Dialect
 }
 
 // Suite describes the guard under test.
 type Suite struct {
-	// Driver is one of testserver.AllDrivers: "postgres", "pgx" or
-	// "pgx-native".
+	// Driver is one of testserver.AllDrivers ("postgres", "pgx" or
+	// "pgx-native"), or testserver.MariaDBDriver.
 	Driver string
 	// Setup prepares the backend for keys (tables, rows), once per subtest, in
 	// the test process only. Optional.
@@ -205,7 +208,7 @@ func keys(n int) []string {
 // builds the guard.
 func build(t *testing.T, s Suite) (contend.Guard, string) {
 	t.Helper()
-	env := open(t, s.Driver, testserver.Postgres(t), "")
+	env := open(t, s.Driver, testserver.URL(t, s.Driver), "")
 	key := keys(1)[0]
 	setup(t, s, env, []string{key})
 	return newGuard(t, s, env), key
@@ -213,10 +216,11 @@ func build(t *testing.T, s Suite) (contend.Guard, string) {
 
 func setup(t testing.TB, s Suite, env Env, keys []string) {
 	t.Helper()
-	_, err := env.DB.Exec(`CREATE TABLE ` + counterTable + ` (key text PRIMARY KEY, n bigint NOT NULL)`)
+	stmts := counterStatements(env.Dialect)
+	_, err := env.DB.Exec(stmts.create)
 	require.NoError(t, err)
 	for _, k := range keys {
-		_, err := env.DB.Exec(`INSERT INTO `+counterTable+` (key, n) VALUES ($1, 0)`, k)
+		_, err := env.DB.Exec(stmts.insert, k)
 		require.NoError(t, err)
 	}
 	if s.Setup != nil {
@@ -251,7 +255,8 @@ func withHandle(t testing.TB, driver, url string, env Env) Env {
 	t.Helper()
 	env.DB = testserver.Open(t, driver, url)
 	env.Handle = env.DB
-	if driver == testserver.PgxNative {
+	env.Dialect = testserver.Dialect(driver)
+	if driver == testserver.PgxNative || driver == testserver.MariaDBDriver {
 		env.Handle = testserver.Handle(t, driver, url)
 	}
 	return env
@@ -369,7 +374,7 @@ func contention(t *testing.T, s Suite, cfg harness.Config, faults bool) Report {
 	)
 	res := harness.Run(t, cfg,
 		func() harness.Params {
-			url := testserver.Postgres(t)
+			url := testserver.URL(t, s.Driver)
 			env = open(t, s.Driver, url, "")
 			setup(t, s, env, cfg.Keys)
 			dir = t.TempDir()
@@ -397,7 +402,7 @@ func contention(t *testing.T, s Suite, cfg harness.Config, faults bool) Report {
 	for _, k := range cfg.Keys {
 		call := history.Now()
 		var n int64
-		require.NoError(t, env.DB.Get(&n, `SELECT n FROM `+counterTable+` WHERE key = $1`, k))
+		require.NoError(t, env.DB.Get(&n, counterStatements(env.Dialect).get, k))
 		rep.Log.Ops = append(rep.Log.Ops, history.Observed(k, call, n))
 	}
 	rep.History = history.Check(rep.Log, checkTimeout)
@@ -471,14 +476,15 @@ func increment(ctx context.Context, env Env, key string, call *history.Call) err
 		env.Redis.Incr(ctx, env.Prefix+"overlaps")
 	}
 	q := testserver.Querier(ctx, env.Handle)
+	stmts := counterStatements(env.Dialect)
 	var v int64
-	if err := q.QueryRow(ctx, `SELECT n FROM `+counterTable+` WHERE key = $1`, key).Scan(&v); err != nil {
+	if err := q.QueryRow(ctx, stmts.get, key).Scan(&v); err != nil {
 		return err
 	}
 	// Widen the window between read and write, so that a guard that does not
 	// keep callers apart loses updates every run, not once in a while.
 	time.Sleep(time.Millisecond)
 	call.Sending(v)
-	_, err = q.Exec(ctx, `UPDATE `+counterTable+` SET n = $2 WHERE key = $1`, key, v+1)
+	_, err = q.Exec(ctx, stmts.set, stmts.setArgs(key, v+1)...)
 	return err
 }

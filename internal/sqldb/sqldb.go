@@ -115,6 +115,8 @@ type DB interface {
 	// Prepare prepares query on the handle. Drivers that cache prepared
 	// statements by themselves (pgx) only keep the text.
 	Prepare(ctx context.Context, query string) (Stmt, error)
+	// Dialect is the SQL the handle's server speaks.
+	Dialect() Dialect
 }
 
 // EndsWithCtx reports whether the statements of h, a handle of this
@@ -181,6 +183,9 @@ func Statements(db contend.DB) (Querier, error) {
 	case contend.DBTX:
 		if IsNil(h) {
 			break
+		}
+		if err := refuseBareMySQL(h); err != nil {
+			return nil, err
 		}
 		return stdQuerier{h, pgxStdlib(h)}, nil
 	}

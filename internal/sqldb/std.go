@@ -36,13 +36,22 @@ type preparer interface {
 // and taken for a transaction its statements would run in autocommit, a
 // lock ending with the statement that took it.
 func openStd(db contend.DBTX) (DB, error) {
+	if err := refuseBareMySQL(db); err != nil {
+		return nil, err
+	}
+	return classifyStd(db)
+}
+
+// classifyStd is openStd for a handle of any dialect: PostgreSQL unless
+// the caller sets another.
+func classifyStd(db contend.DBTX) (stdDB, error) {
 	switch h := db.(type) {
 	case *sql.Tx, *sqlx.Tx:
-		return stdDB{stdQuerier{h, false}, &stdTx{stdQuerier{h, false}}}, nil
+		return stdDB{stdQuerier: stdQuerier{h, false}, tx: &stdTx{stdQuerier{h, false}}}, nil
 	case Beginner:
 		return stdDB{stdQuerier: stdQuerier{db, pgxStdlib(db)}}, nil
 	}
-	return nil, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
+	return stdDB{}, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
 		"or anything with BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error) to begin a transaction per call, or a *sql.Tx "+
 		"or sqlx's Tx to run inside yours: %w", db, contend.ErrInvalid)
 }
@@ -90,8 +99,11 @@ func (q stdQuerier) Query(ctx context.Context, query string, args ...any) (Rows,
 // stdDB is a database/sql handle: a pool when tx is nil.
 type stdDB struct {
 	stdQuerier
-	tx *stdTx
+	tx      *stdTx
+	dialect Dialect
 }
+
+func (d stdDB) Dialect() Dialect { return d.dialect }
 
 func (d stdDB) Tx() Tx {
 	if d.tx == nil {
@@ -108,7 +120,7 @@ func (d stdDB) Outer(ctx context.Context) (Tx, error) {
 	if q == nil {
 		return nil, nil
 	}
-	h, err := openStd(q)
+	h, err := classifyStd(q)
 	if err != nil {
 		return nil, fmt.Errorf("the querier ctx carries: %w", err)
 	}

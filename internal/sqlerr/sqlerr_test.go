@@ -49,27 +49,28 @@ func TestClassifiesBothDrivers(t *testing.T) {
 			require.NoError(t, tx.Rollback())
 			require.NoError(t, holder.Rollback())
 
-			requireDeadlock(t, db.DB, ctx)
+			requireDeadlock(t, db.DB, ctx, `UPDATE t SET id = id WHERE id = $1`)
 		})
 	}
 }
 
-// Two transactions lock rows 1 and 2 in opposite orders; the server kills one.
-func requireDeadlock(t *testing.T, db *sql.DB, ctx context.Context) {
+// Two transactions lock rows 1 and 2 in opposite orders, by update (which
+// takes the row id given as its one argument); the server kills one.
+func requireDeadlock(t *testing.T, db *sql.DB, ctx context.Context, update string) {
 	t.Helper()
 	txs := make([]*sql.Tx, 2)
 	for i := range txs {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer tx.Rollback()
-		_, err = tx.ExecContext(ctx, `UPDATE t SET id = id WHERE id = $1`, i+1)
+		_, err = tx.ExecContext(ctx, update, i+1)
 		require.NoError(t, err)
 		txs[i] = tx
 	}
 	errs := make(chan error, 2)
 	for i, tx := range txs {
 		go func() {
-			_, err := tx.ExecContext(ctx, `UPDATE t SET id = id WHERE id = $1`, 2-i)
+			_, err := tx.ExecContext(ctx, update, 2-i)
 			if err != nil {
 				// The victim's rollback releases its locks so the other
 				// transaction can finish.
@@ -87,6 +88,48 @@ func requireDeadlock(t *testing.T, db *sql.DB, ctx context.Context) {
 	require.Len(t, victims, 1, "exactly one transaction is the deadlock's victim: %v", victims)
 	require.True(t, sqlerr.Retryable(victims[0]), "got %v", victims[0])
 	require.Equal(t, sqlerr.DeadlockDetected, sqlerr.Code(victims[0]))
+}
+
+// MariaDB's errors, from the real server through go-sql-driver/mysql,
+// classify as their PostgreSQL twins.
+func TestClassifiesMariaDB(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, testserver.MariaDBDriver)
+	ctx := t.Context()
+	_, err := db.Exec(`CREATE TABLE t (id int PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO t VALUES (1), (2)`)
+	require.NoError(t, err)
+
+	_, err = db.ExecContext(ctx, `INSERT INTO t VALUES (1)`)
+	require.Equal(t, sqlerr.UniqueViolation, sqlerr.Code(err))
+	n, ok := sqlerr.MySQLNumber(fmt.Errorf("outer: %w", errors.Join(errors.New("other"), err)))
+	require.True(t, ok, "wrapped and joined errors classify too")
+	require.EqualValues(t, sqlerr.MySQLDupEntry, n)
+	require.False(t, sqlerr.Retryable(err))
+
+	holder, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer holder.Rollback()
+	_, err = holder.ExecContext(ctx, `SELECT * FROM t WHERE id = 1 FOR UPDATE`)
+	require.NoError(t, err)
+	// MariaDB's NOWAIT fails with the lock wait timeout's number (MySQL 8's
+	// with 3572); a session's innodb_lock_wait_timeout ends a wait the same
+	// way. Both are set per transaction's connection and reset with it.
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = conn.ExecContext(ctx, `SELECT * FROM t WHERE id = 1 FOR UPDATE NOWAIT`)
+	require.Equal(t, sqlerr.LockNotAvailable, sqlerr.Code(err), "%v", err)
+	_, err = conn.ExecContext(ctx, `SET SESSION innodb_lock_wait_timeout = 1`)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `SELECT * FROM t WHERE id = 1 FOR UPDATE`)
+	require.Equal(t, sqlerr.LockNotAvailable, sqlerr.Code(err), "%v", err)
+	_, err = conn.ExecContext(ctx, `SET STATEMENT max_statement_time = 0.05 FOR SELECT SLEEP(1) FROM t`)
+	require.Equal(t, sqlerr.QueryCanceled, sqlerr.Code(err), "%v", err)
+	require.NoError(t, holder.Rollback())
+
+	requireDeadlock(t, db.DB, ctx, `UPDATE t SET id = id WHERE id = ?`)
 }
 
 func TestNoCode(t *testing.T) {

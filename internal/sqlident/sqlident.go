@@ -8,10 +8,12 @@ import (
 	"strings"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 )
 
 // maxLen is PostgreSQL's NAMEDATALEN-1: longer names are silently truncated
-// by the server, so two different configured names could meet.
+// by the server, so two different configured names could meet. MySQL's
+// limit is 64, so one bound serves both.
 const maxLen = 63
 
 // Quote validates name as a plain identifier, or schema.name, and returns it
@@ -20,6 +22,17 @@ const maxLen = 63
 // semicolons) is refused rather than escaped, because such a name in
 // configuration is far more likely an injection or a typo than a real table.
 func Quote(what, name string) (string, error) {
+	return QuoteIn(sqldb.Postgres, what, name)
+}
+
+// QuoteIn is [Quote] for the server of dialect: double quotes for
+// PostgreSQL, backquotes for MySQL (database.name there). The names it
+// admits are the same in both.
+func QuoteIn(dialect sqldb.Dialect, what, name string) (string, error) {
+	q := `"`
+	if dialect == sqldb.MySQL {
+		q = "`"
+	}
 	parts := strings.Split(name, ".")
 	if len(parts) > 2 {
 		return "", fmt.Errorf("%s %q: at most one dot (schema.name) allowed: %w", what, name, contend.ErrInvalid)
@@ -28,8 +41,8 @@ func Quote(what, name string) (string, error) {
 		if err := check(p); err != nil {
 			return "", fmt.Errorf("%s %q: %s: %w", what, name, err, contend.ErrInvalid)
 		}
-		// check admits no double quote to escape, and no NUL.
-		parts[i] = `"` + p + `"`
+		// check admits no quote of either kind to escape, and no NUL.
+		parts[i] = q + p + q
 	}
 	return strings.Join(parts, "."), nil
 }

@@ -47,14 +47,17 @@ type Native struct {
 }
 
 // Handle opens url through driver, at most [MaxConns] connections, and
-// returns what a subject is built on: the *sqlx.DB [Open] returns, or under
-// [PgxNative] a [Native] pool. It is closed when t ends.
+// returns what a subject is built on: the *sqlx.DB [Open] returns, under
+// [PgxNative] a [Native] pool, under [MariaDBDriver] a [MariaDBHandle]. It is closed when t ends.
 func Handle(t testing.TB, driver, url string) contend.DB {
 	t.Helper()
-	if driver != PgxNative {
-		return Open(t, driver, url)
+	switch driver {
+	case PgxNative:
+		return OpenNative(t, url)
+	case MariaDBDriver:
+		return openMariaDBHandle(t, url)
 	}
-	return OpenNative(t, url)
+	return Open(t, driver, url)
 }
 
 // OpenNative opens a pgx pool on url, at most [MaxConns] connections,
@@ -86,6 +89,8 @@ func Querier(ctx context.Context, db contend.DB) sqldb.Querier {
 	switch h := db.(type) {
 	case Native:
 		q = pgxdb.Wrap(pgxdb.Querier(ctx, h.Pool))
+	case MariaDBHandle:
+		return mariaDBQuerier(ctx, h)
 	case contend.DBTX:
 		q = contend.Querier(ctx, h)
 	default:

@@ -53,6 +53,7 @@ var (
 	mu       sync.Mutex // protects the fields below
 	pgURL    string
 	redisURL string
+	mariaURL string
 	stops    []func() error
 	exported []string // variables set to point worker processes at started servers
 )
@@ -137,7 +138,7 @@ func StopAll() error {
 	for _, env := range exported {
 		os.Unsetenv(env)
 	}
-	stops, exported, pgURL, redisURL = nil, nil, "", ""
+	stops, exported, pgURL, redisURL, mariaURL = nil, nil, "", "", ""
 	if len(errs) > 0 {
 		return fmt.Errorf("testserver: stop: %v", errs)
 	}
@@ -232,12 +233,23 @@ const MaxConns = 10
 
 // Open opens url with driver, at most [MaxConns] connections, and closes the
 // pool when t ends. Under [PgxNative] it opens pgx's stdlib driver, for the
-// test's own statements.
+// test's own statements; under [MariaDBDriver], go-sql-driver/mysql on the
+// DSN of a mysql:// URL, unwrapped.
 func Open(t testing.TB, driver, url string) *sqlx.DB {
 	t.Helper()
-	db, err := sqlx.Open(sqlDriver(driver), url)
-	if err != nil {
-		t.Fatal(err)
+	var db *sqlx.DB
+	if driver == MariaDBDriver {
+		d, err := openMariaDB(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db = sqlx.NewDb(d, "mysql")
+	} else {
+		d, err := sqlx.Open(sqlDriver(driver), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db = d
 	}
 	db.SetMaxOpenConns(MaxConns)
 	// database/sql keeps 2 idle connections by default: a pool with more
@@ -253,7 +265,7 @@ func Open(t testing.TB, driver, url string) *sqlx.DB {
 // DB returns a pool on an isolated schema of its own for t, through driver.
 func DB(t testing.TB, driver string) *sqlx.DB {
 	t.Helper()
-	return Open(t, driver, Postgres(t))
+	return Open(t, driver, URL(t, driver))
 }
 
 // Redis returns a client and a key prefix that no other test uses; keys under

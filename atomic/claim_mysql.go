@@ -1,0 +1,133 @@
+package atomic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/sqlident"
+)
+
+// newMySQLClaimer is NewClaimer on MySQL and MariaDB, whose statements
+// differ from PostgreSQL's in three ways. Placeholders bind in the order
+// they appear, so each statement takes the claimer's arguments (key, token,
+// lease µs) through an order of its own. There is no UPDATE ... RETURNING
+// to tell a win, a lost race and a missing row apart in one round trip, so
+// a claim that matched no row asks whether the row exists (only losers pay
+// it). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
+// server's clock, whatever each session's time_zone.
+//
+// A plain UPDATE is enough under InnoDB's default REPEATABLE READ too: an
+// UPDATE reads the latest committed row, not the transaction's snapshot,
+// after waiting for the row lock of a concurrent claim, so the second of two
+// claims finds the owner set and matches nothing. The driver must report
+// rows matched (clientFoundRows), which mysqldb.Wrap checks.
+func newMySQLClaimer(ctx context.Context, d sqldb.DB, cfg ClaimConfig, table, key, owner string) (*Claimer, error) {
+	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, observer: cfg.Observer}
+	var (
+		claimSQL   = fmt.Sprintf("UPDATE %s SET %s = ? WHERE %s = ? AND %s IS NULL", table, owner, key, owner)
+		claimOrder = []int{argToken, argKey}
+		releaseSQL = fmt.Sprintf("UPDATE %s SET %s = NULL WHERE %s = ? AND %s = ?", table, owner, key, owner)
+		extendSQL  string
+	)
+	if cfg.LeaseColumn != "" {
+		lease, err := sqlident.QuoteIn(d.Dialect(), "atomic: lease column", cfg.LeaseColumn)
+		if err != nil {
+			return nil, err
+		}
+		c.lease = cfg.Lease
+		deadline := "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"
+		claimSQL = fmt.Sprintf("UPDATE %s SET %s = ?, %s = %s WHERE %s = ? AND (%s IS NULL OR %s < UTC_TIMESTAMP(6))",
+			table, owner, lease, deadline, key, owner, lease)
+		claimOrder = []int{argToken, argLease, argKey}
+		releaseSQL = fmt.Sprintf("UPDATE %s SET %s = NULL, %s = NULL WHERE %s = ? AND %s = ?", table, owner, lease, key, owner)
+		// As on PostgreSQL, an expired claim is not revived.
+		extendSQL = fmt.Sprintf("UPDATE %s SET %s = %s WHERE %s = ? AND %s = ? AND %s >= UTC_TIMESTAMP(6)",
+			table, lease, deadline, key, owner, lease)
+	}
+	existsSQL := fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE %s = ?)", table, key)
+
+	var update, exists, release, extend sqldb.Stmt
+	if err := c.prepare(ctx, cfg.Table, []statement{{&update, claimSQL}, {&exists, existsSQL}, {&release, releaseSQL}, {&extend, extendSQL}}); err != nil {
+		for _, s := range []sqldb.Stmt{update, exists, release, extend} {
+			if s != nil {
+				_ = s.Close()
+			}
+		}
+		return nil, err
+	}
+	c.claim = mysqlClaim{update: ordered{update, claimOrder}, exists: ordered{exists, []int{argKey}}}
+	c.release = release // key, token: the order the claimer passes them in
+	if extend != nil {
+		c.extend = ordered{extend, []int{argLease, argKey, argToken}}
+	}
+	return c, nil
+}
+
+// The positions of the claimer's arguments, as claimRow, releaseRow and
+// extendRow pass them.
+const (
+	argKey = iota
+	argToken
+	argLease
+)
+
+// ordered is a statement whose placeholders take the claimer's arguments
+// in order.
+type ordered struct {
+	sqldb.Stmt
+	order []int
+}
+
+func (s ordered) args(args []any) []any {
+	out := make([]any, len(s.order))
+	for i, j := range s.order {
+		out[i] = args[j]
+	}
+	return out
+}
+
+func (s ordered) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
+	return s.Stmt.Exec(ctx, tx, s.args(args)...)
+}
+
+func (s ordered) QueryRow(ctx context.Context, tx sqldb.Tx, args ...any) sqldb.Row {
+	return s.Stmt.QueryRow(ctx, tx, s.args(args)...)
+}
+
+// mysqlClaim answers a claim as PostgreSQL's statement does, in its count
+// (0: claimed, 1: held, 2: no row): the update, and when it matched
+// nothing, the existence check.
+type mysqlClaim struct {
+	update, exists ordered
+}
+
+func (s mysqlClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
+	n, err := s.update.Exec(ctx, tx, args...)
+	if err != nil {
+		return 0, err
+	}
+	if n == 1 {
+		return 0, nil
+	}
+	var exists bool
+	if err := s.exists.QueryRow(ctx, tx, args...).Scan(&exists); err != nil {
+		return 0, err
+	}
+	if exists {
+		return 1, nil
+	}
+	return 2, nil
+}
+
+func (s mysqlClaim) QueryRow(context.Context, sqldb.Tx, ...any) sqldb.Row {
+	return errRow{errors.New("atomic: a claim answers in its count: run it with Exec")}
+}
+
+func (s mysqlClaim) Close() error { return errors.Join(s.update.Close(), s.exists.Close()) }
+
+// errRow is a Row whose Scan reports err.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }

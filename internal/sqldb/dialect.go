@@ -1,0 +1,101 @@
+package sqldb
+
+import (
+	"database/sql"
+	"fmt"
+	"reflect"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/contend/contend"
+)
+
+// Dialect is the SQL a handle's server speaks, fixed when the handle is
+// classified: by the driver package that wrapped it (package mysqldb for
+// MySQL), or PostgreSQL for a bare database/sql handle and for pgx.
+type Dialect int
+
+const (
+	// Postgres is PostgreSQL: $n placeholders, double-quoted identifiers.
+	Postgres Dialect = iota
+	// MySQL is MySQL 8 and MariaDB: ? placeholders, which bind in the order
+	// they appear, and backquoted identifiers.
+	MySQL
+)
+
+func (d Dialect) String() string {
+	switch d {
+	case Postgres:
+		return "PostgreSQL"
+	case MySQL:
+		return "MySQL"
+	}
+	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// OpenStd classifies a database/sql handle of a driver whose server speaks
+// dialect, as [Open] does a bare one: the driver packages (mysqldb) use it
+// to give their handles the code path every database/sql handle shares.
+func OpenStd(db contend.DBTX, dialect Dialect) (DB, error) {
+	if IsNil(db) {
+		return nil, fmt.Errorf("nil db: %w", contend.ErrInvalid)
+	}
+	d, err := classifyStd(db)
+	if err != nil {
+		return nil, err
+	}
+	d.dialect = dialect
+	return d, nil
+}
+
+// mysqlDriverPkg is the package of go-sql-driver/mysql, named here without
+// importing it, so that a handle of that driver passed bare is told to be
+// wrapped rather than run as PostgreSQL.
+const mysqlDriverPkg = "github.com/go-sql-driver/mysql"
+
+// DriverIsMySQL reports whether db, a pool or a connection, is of
+// go-sql-driver/mysql; known is false for a handle that does not say its
+// driver (a *sql.Tx, or a wrapper of the caller's).
+func DriverIsMySQL(db contend.DBTX) (mysql, known bool) {
+	var drv any
+	switch h := db.(type) {
+	case *sql.DB:
+		drv = h.Driver()
+	case *sqlx.DB:
+		drv = h.Driver()
+	case *sql.Conn:
+		// Raw takes the connection's lock only: no round trip.
+		_ = h.Raw(func(c any) error { drv = c; return nil })
+	default:
+		return false, false
+	}
+	t := reflect.TypeOf(drv)
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t != nil && t.PkgPath() == mysqlDriverPkg, true
+}
+
+// refuseBareMySQL returns an error matching [contend.ErrInvalid] when db
+// is a pool or a connection of go-sql-driver/mysql: run as PostgreSQL its
+// statements would not parse, and its affected-row counts may count rows
+// changed rather than matched. A *sql.Tx does not say its driver; a bare
+// one of MySQL fails at its first statement instead.
+func refuseBareMySQL(db contend.DBTX) error {
+	if mysql, _ := DriverIsMySQL(db); !mysql {
+		return nil
+	}
+	return fmt.Errorf("db is a %T of go-sql-driver/mysql: wrap it once with mysqldb.Wrap, which states the dialect "+
+		"and checks the DSN has clientFoundRows=true: %w", db, contend.ErrInvalid)
+}
+
+// PostgresOnly returns an error matching [contend.ErrInvalid] when d is
+// not a PostgreSQL handle: for the strategies whose statements exist in
+// PostgreSQL's words only, so that a MySQL handle is refused at
+// construction rather than failing, or worse, at its first statement.
+func PostgresOnly(d DB) error {
+	if d.Dialect() == Postgres {
+		return nil
+	}
+	return fmt.Errorf("a %s handle: this strategy runs on PostgreSQL only: %w", d.Dialect(), contend.ErrInvalid)
+}

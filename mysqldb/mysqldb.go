@@ -1,0 +1,196 @@
+// Package mysqldb lets the SQL strategies run on MySQL and MariaDB through
+// go-sql-driver/mysql. Open the pool as usual with clientFoundRows=true in
+// the DSN (or with [Open], which sets it), wrap it once, and pass the wrapped value where a strategy takes a
+// [contend.DB]:
+//
+//	db, err := sql.Open("mysql", "app@tcp(127.0.0.1:3306)/shop?clientFoundRows=true")
+//	...
+//	h := mysqldb.Wrap(db) // keep it: the first use checks the DSN
+//	applied, err := atomic.Update(ctx, h,
+//		"UPDATE products SET stock = stock - 1 WHERE id = ? AND stock >= 1", "sku-1")
+//
+// Wrapping states the dialect once, at construction: the strategies then
+// quote names with backquotes, bind with ?, and run MySQL's statements. A
+// guard's fn reaches the guard's transaction with [contend.Querier] on the
+// *sql.DB, as on PostgreSQL. A *sql.DB or *sql.Conn of this driver passed
+// without Wrap is refused with an error matching [contend.ErrInvalid] that
+// says to wrap it (a *sql.Tx does not say its driver: unwrapped, it fails at
+// its first statement).
+//
+// # Affected rows
+//
+// By default the driver reports the rows an UPDATE changed, not the rows it
+// matched: an update that writes what a row already holds reports 0, and an
+// affected-row check (atomic.Update) would take a win for a lost race.
+// The strategies need rows matched, which the driver reports with
+// clientFoundRows=true. The first use of a wrapped handle checks it (three
+// statements on a temporary table of the session's own, once per value Wrap
+// returned, bounded by 5s) and refuses a handle without it with an error
+// matching [contend.ErrInvalid]. So wrap once and keep the value.
+//
+// # What runs, and what differs from PostgreSQL
+//
+// Package atomic (Update, UpdateN, UpdateSelect, the Claimer) and
+// pessimistic's row Locker run on a wrapped handle; pessimistic's Advisory,
+// optimistic and adaptive run on PostgreSQL only so far, and refuse it with
+// an error matching [contend.ErrInvalid].
+//
+//   - MySQL has no UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and
+//     DELETE only): use atomic.UpdateSelect, which reads the row back in
+//     the update's transaction.
+//   - InnoDB's default isolation, REPEATABLE READ, reads from the snapshot of
+//     a transaction's first read: the Locker begins its transactions at READ
+//     COMMITTED, so that fn's plain reads see the latest commit of the rows
+//     it locked, nested locks included. Row locks are FOR UPDATE only.
+//   - A claim's lease column is a DATETIME(6) holding UTC, compared with
+//     the server's UTC_TIMESTAMP(6), so sessions' time zones do not matter.
+//   - Deadlocks (1213), lock wait timeouts (1205, also MariaDB's NOWAIT),
+//     MySQL's NOWAIT (3572) and statement timeouts (1969, 3024) are
+//     classified as their PostgreSQL twins.
+//
+// Tested on MariaDB 10.11; MySQL 8 by design (the statements are common to
+// both), not by test. This is the only package of the module that imports
+// go-sql-driver/mysql, so a PostgreSQL program links none of it.
+package mysqldb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
+)
+
+// ErrAffectedRows is the error of a wrapped handle whose driver reports rows
+// changed rather than rows matched; it matches [contend.ErrInvalid] too.
+var ErrAffectedRows = fmt.Errorf("mysqldb: the DSN must set clientFoundRows=true, or UPDATEs that write what "+
+	"a row already holds report 0 rows and a won race reads as lost: %w", contend.ErrInvalid)
+
+// checkTimeout bounds the check of clientFoundRows: Wrap's value has no
+// ctx to take a deadline from.
+const checkTimeout = 5 * time.Second
+
+// Wrap returns h, a handle of go-sql-driver/mysql, as a [contend.DB] that
+// the SQL strategies' constructors and functions take: a [*sql.DB] or
+// sqlx's DB (a pool, on which they begin a transaction per call), a
+// [*sql.Conn], or a [*sql.Tx] or sqlx's Tx of the caller's (in which they
+// run and never commit). A nil h, a pool of another driver, and a handle
+// whose DSN lacks clientFoundRows=true are refused by the strategies with
+// an error matching [contend.ErrInvalid]. Wrap does no I/O and never closes
+// h; the first use of its value checks clientFoundRows (see the package
+// doc). The value is safe for simultaneous use by multiple goroutines.
+func Wrap(h contend.DBTX) contend.DB {
+	if sqldb.IsNil(h) {
+		return invalid{fmt.Errorf("mysqldb: nil handle: %w", contend.ErrInvalid)}
+	}
+	if isMySQL, known := sqldb.DriverIsMySQL(h); known && !isMySQL {
+		return invalid{fmt.Errorf("mysqldb: a %T of another driver than go-sql-driver/mysql: %w", h, contend.ErrInvalid)}
+	}
+	return &db{h: h}
+}
+
+// invalid is what Wrap returns for a handle it cannot use.
+type invalid struct{ err error }
+
+func (i invalid) ContendDB() (sqldb.DB, error) { return nil, i.err }
+
+type db struct {
+	h contend.DBTX
+
+	// checked is set once clientFoundRows is known to be set, and stays:
+	// every later call reads it without a lock.
+	checked atomic.Bool
+	mu      sync.Mutex // serializes the check, so that a pool is checked once
+}
+
+// ContendDB classifies the handle, checking clientFoundRows first when no
+// call has yet.
+func (d *db) ContendDB() (sqldb.DB, error) {
+	if err := d.check(); err != nil {
+		return nil, err
+	}
+	return sqldb.OpenStd(d.h, sqldb.MySQL)
+}
+
+func (d *db) check() error {
+	if d.checked.Load() {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.checked.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
+	found, err := foundRows(ctx, d.h)
+	if err != nil {
+		// Not remembered: a network failure says nothing of the DSN.
+		return fmt.Errorf("mysqldb: check clientFoundRows: %w", err)
+	}
+	if !found {
+		return ErrAffectedRows
+	}
+	d.checked.Store(true)
+	return nil
+}
+
+// probeTable is the temporary table of the check: the session's own, so
+// nothing another session sees.
+const probeTable = "contend_found_rows_probe"
+
+// foundRows reports whether an UPDATE that matches a row and changes nothing
+// reports it: whether the connection asked for rows matched. The server
+// keeps no variable that says so, and the driver's config is not reachable
+// from a *sql.DB, so it is measured, on one connection: a temporary table
+// lives in its session.
+func foundRows(ctx context.Context, h contend.DBTX) (found bool, err error) {
+	if p, ok := h.(interface {
+		Conn(context.Context) (*sql.Conn, error)
+	}); ok {
+		c, err := p.Conn(ctx)
+		if err != nil {
+			return false, err
+		}
+		defer c.Close()
+		h = c
+	}
+	if _, err := h.ExecContext(ctx, "CREATE TEMPORARY TABLE "+probeTable+" (n int) SELECT 1 AS n"); err != nil {
+		return false, err
+	}
+	defer func() {
+		if _, derr := h.ExecContext(ctx, "DROP TEMPORARY TABLE "+probeTable); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}()
+	res, err := h.ExecContext(ctx, "UPDATE "+probeTable+" SET n = 1")
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// Open opens a pool on cfg with ClientFoundRows set, which the strategies
+// need (see the package doc); cfg itself is not changed. Wrap the pool for
+// the strategies and keep it for [contend.Querier]. Like sql.Open, it
+// connects to nothing yet.
+func Open(cfg *mysql.Config) (*sql.DB, error) {
+	if cfg == nil {
+		return nil, fmt.Errorf("mysqldb: nil config: %w", contend.ErrInvalid)
+	}
+	c := cfg.Clone()
+	c.ClientFoundRows = true
+	conn, err := mysql.NewConnector(c)
+	if err != nil {
+		return nil, fmt.Errorf("mysqldb: %w", err)
+	}
+	return sql.OpenDB(conn), nil
+}
