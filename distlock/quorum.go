@@ -193,11 +193,23 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		ctx, cancel = context.WithTimeoutCause(ctx, q.cfg.MaxWait, errMaxWait)
 		defer cancel()
 	}
+	gaveUp := func(attempt int) error {
+		err := fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
+			key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, ctxerr.Of(ctx))
+		reportMiss(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, attempt, err)
+		return err
+	}
 	for attempt := 1; ; attempt++ {
 		l, err := q.attempt(ctx, key, ttl)
 		if err == nil {
 			l.reportObtained(ctx, began, attempt)
 			return l, nil
+		}
+		if wait && ctxerr.Of(ctx) != nil {
+			// ctx ended during the attempt, cutting the nodes' calls short:
+			// the wait ended, as it does in the backoff below, whatever
+			// the nodes that did answer said.
+			return nil, gaveUp(attempt)
 		}
 		if !wait || !errors.Is(err, contend.ErrConflict) {
 			err = fmt.Errorf("distlock: obtain %q: %w", key, err)
@@ -207,10 +219,7 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 			return nil, err
 		}
 		if werr := q.cfg.Backoff.Wait(ctx, attempt); werr != nil {
-			err := fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-				key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, ctxerr.Of(ctx))
-			reportMiss(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, attempt, err)
-			return nil, err
+			return nil, gaveUp(attempt)
 		}
 	}
 }

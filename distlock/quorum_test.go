@@ -10,6 +10,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/internal/faultproxy"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -158,4 +159,36 @@ func TestQuorumHolderLearnsItLostTheMajority(t *testing.T) {
 	})
 	require.ErrorIs(t, cause, contend.ErrLockLost)
 	require.ErrorIs(t, err, contend.ErrLockLost)
+}
+
+// A wait that ctx ends while the nodes' calls are still out is a lost race
+// and ctx's error, as every waiting guard reports it, not "no quorum": the
+// nodes failed because the caller stopped waiting. Here one node answers
+// "taken" and two are cut off (a blackhole: nothing forwarded, nothing
+// closed), so ctx's deadline ends the attempt itself, not a backoff.
+func TestQuorumWaitEndedMidAttemptIsALostRace(t *testing.T) {
+	_, clients, _ := nodes(t, 3)
+	var via []redis.Scripter
+	for i, c := range clients {
+		if i == 0 {
+			via = append(via, c)
+			continue
+		}
+		p := faultproxy.Start(t, c.Options().Addr)
+		pc := redis.NewClient(&redis.Options{Addr: p.Addr()})
+		t.Cleanup(func() { pc.Close() })
+		require.NoError(t, pc.Ping(t.Context()).Err())
+		p.Blackhole()
+		via = append(via, pc)
+	}
+	holder := newQuorum(t, []redis.Scripter{clients[0]})
+	_, err := holder.TryObtain(t.Context(), "k", time.Minute)
+	require.NoError(t, err, "the holder takes the one node that answers")
+
+	q := newQuorum(t, via)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err = q.Obtain(ctx, "k", time.Second)
+	require.ErrorIs(t, err, contend.ErrConflict, "%v", err)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
