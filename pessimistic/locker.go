@@ -196,17 +196,7 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	lockClause := cfg.Strength.String()
-	switch cfg.Mode {
-	case NoWait:
-		lockClause += " NOWAIT"
-	case SkipLocked:
-		lockClause += " SKIP LOCKED"
-	}
-	where := "true"
-	if c := strings.TrimSpace(cfg.ClaimWhere); c != "" {
-		where = "(" + c + ")"
-	}
+	lockClause, where := clauses(cfg.Strength.String(), cfg)
 	return &Locker{
 		r:         r,
 		table:     cfg.Table,
@@ -404,4 +394,21 @@ func describe(keys []string) string {
 		s += fmt.Sprintf(" and %d more", len(keys)-shown)
 	}
 	return s
+}
+
+// clauses returns the lock clause of cfg's mode at strength (FOR UPDATE,
+// FOR NO KEY UPDATE, ...), and Claim's filter (ClaimWhere, or "true").
+func clauses(strength string, cfg Config) (lock, where string) {
+	lock = strength
+	switch cfg.Mode {
+	case NoWait:
+		lock += " NOWAIT"
+	case SkipLocked:
+		lock += " SKIP LOCKED"
+	}
+	where = "true"
+	if c := strings.TrimSpace(cfg.ClaimWhere); c != "" {
+		where = "(" + c + ")"
+	}
+	return lock, where
 }

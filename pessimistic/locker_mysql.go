@@ -44,17 +44,7 @@ func newMySQLLocker(r runner, cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
-	lockClause := "FOR UPDATE"
-	switch cfg.Mode {
-	case NoWait:
-		lockClause += " NOWAIT"
-	case SkipLocked:
-		lockClause += " SKIP LOCKED"
-	}
-	where := "true"
-	if c := strings.TrimSpace(cfg.ClaimWhere); c != "" {
-		where = "(" + c + ")"
-	}
+	lockClause, where := clauses("FOR UPDATE", cfg)
 	return &Locker{
 		r:         r,
 		table:     cfg.Table,
