@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"fmt"
 	"reflect"
+	"strconv"
 
 	"github.com/jmoiron/sqlx"
 
@@ -31,6 +32,17 @@ func (d Dialect) String() string {
 		return "MySQL"
 	}
 	return fmt.Sprintf("Dialect(%d)", int(d))
+}
+
+// Param returns the placeholder of a statement's nth parameter, from 1:
+// $n on PostgreSQL, ? on MySQL. MySQL binds its placeholders in the order
+// they appear, so a statement built for both dialects must number its
+// parameters in that order and take its arguments so.
+func (d Dialect) Param(n int) string {
+	if d == MySQL {
+		return "?"
+	}
+	return "$" + strconv.Itoa(n)
 }
 
 // OpenStd classifies a database/sql handle of a driver whose server speaks
