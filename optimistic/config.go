@@ -2,12 +2,14 @@ package optimistic
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/txn"
 )
@@ -28,10 +30,21 @@ type Config struct {
 	VersionColumn string
 	// Retry bounds how often [Store.Update] and [Guard.Do] run again after
 	// they lost a race (the version moved between their read and their
-	// write), and how long they wait in between. The zero value is
+	// write, or the server broke a deadlock by failing them, or on MySQL a
+	// row lock was not had within innodb_lock_wait_timeout), and how long
+	// they wait in between. The zero value is
 	// contend.Retry's defaults: 10 attempts, full jitter from 2ms up to
 	// 500ms.
 	Retry contend.Retry
+	// Isolation is the isolation level of the transactions a [Guard]
+	// begins; a Store begins none and ignores it. Default: the server's
+	// on PostgreSQL; READ COMMITTED on MySQL and MariaDB, where the
+	// server's default, REPEATABLE READ, reads from a snapshot taken at an
+	// attempt's first read: a row lock taken in fn (package pessimistic's,
+	// which joins the guard's transaction) would then let fn read its row
+	// as it was at that read, not as last committed, and write back a
+	// lost update. The guard's own check holds at either level.
+	Isolation sql.IsolationLevel
 	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
 	// transaction a [Guard] owns. The server's answer is waited for, but a
 	// network that went silent would hold Do until the kernel gives up on
@@ -46,7 +59,8 @@ type Config struct {
 	// Nothing is locked, so nothing is obtained: a call reports
 	//   - Retry for each attempt it lost and will make again (Attempts is
 	//     that attempt; Err matches [contend.ErrConflict] when the version
-	//     moved, or is the deadlock or serialization failure);
+	//     moved, or is the deadlock, serialization failure or MySQL's lock
+	//     wait timeout);
 	//   - Released when it commits (Attempts in all; Hold is the last
 	//     attempt, from its read to its commit; Wait the time before it,
 	//     earlier attempts and backoff included), or when fn fails (Err is
@@ -72,7 +86,7 @@ type names struct {
 	table, key, version string
 }
 
-func (c Config) names() (names, error) {
+func (c Config) names(d sqldb.Dialect) (names, error) {
 	if c.KeyColumn == "" {
 		c.KeyColumn = DefaultKeyColumn
 	}
@@ -84,13 +98,13 @@ func (c Config) names() (names, error) {
 	}
 	var n names
 	var err error
-	if n.table, err = sqlident.Quote("optimistic: table", c.Table); err != nil {
+	if n.table, err = sqlident.QuoteIn(d, "optimistic: table", c.Table); err != nil {
 		return names{}, err
 	}
-	if n.key, err = sqlident.Quote("optimistic: key column", c.KeyColumn); err != nil {
+	if n.key, err = sqlident.QuoteIn(d, "optimistic: key column", c.KeyColumn); err != nil {
 		return names{}, err
 	}
-	if n.version, err = sqlident.Quote("optimistic: version column", c.VersionColumn); err != nil {
+	if n.version, err = sqlident.QuoteIn(d, "optimistic: version column", c.VersionColumn); err != nil {
 		return names{}, err
 	}
 	return n, nil
@@ -100,6 +114,29 @@ func (c Config) names() (names, error) {
 // again and retry. It never leaves the package; callers get
 // [contend.ErrConflict] once the attempts run out.
 var errMoved = errors.New("optimistic: version moved")
+
+// retryable reports whether an attempt that failed with err may succeed
+// when made again from its read, where the package owns the attempt (a
+// Guard's transaction, a Store's statements on a pool): the version moved,
+// the server chose the attempt as a deadlock's victim or failed it for
+// serialization, or, on MySQL and MariaDB, one of its statements waited for
+// a row lock longer than innodb_lock_wait_timeout (1205, which is also
+// MariaDB's NOWAIT). InnoDB rolls back only that statement, and the
+// attempt, rolled back whole, may find the row free next time, as a loser
+// of the version check may find the version still. PostgreSQL's
+// lock_timeout is a limit the caller set, and stays an error.
+func retryable(err error) bool {
+	return isMoved(err) || serverRetry(err)
+}
+
+// serverRetry is [retryable] for the errors of the server's.
+func serverRetry(err error) bool {
+	if sqlerr.Retryable(err) {
+		return true
+	}
+	n, ok := sqlerr.MySQLNumber(err)
+	return ok && n == sqlerr.MySQLLockWaitTimeout
+}
 
 // conflictOrGone tells apart the two reasons a version-checked statement
 // affects no row: the row has another version now (a lost race) or it no

@@ -82,10 +82,44 @@
 // version, or when a read-only decision over many rows must be consistent
 // (touch each row it depended on, or use a REPEATABLE READ transaction).
 //
-// Statements use PostgreSQL's $n placeholders and ON CONFLICT, and work with
-// lib/pq, pgx's stdlib driver, and pgx's native pool, connection or
-// transaction wrapped by pgxdb.Wrap, through one code path; under pgx, fn
-// reaches the guard's pgx.Tx with pgxdb.Querier. They are sent as text, not prepared:
-// pgx caches their preparation per connection by itself, while lib/pq spends
-// a round trip preparing each one unless binary_parameters=yes is set.
+// Statements work with lib/pq, pgx's stdlib driver, and pgx's native pool,
+// connection or transaction wrapped by pgxdb.Wrap, through one code path;
+// under pgx, fn reaches the guard's pgx.Tx with pgxdb.Querier. They are sent
+// as text, not prepared: pgx caches their preparation per connection by
+// itself, while lib/pq spends a round trip preparing each one unless
+// binary_parameters=yes is set.
+//
+// # MySQL and MariaDB
+//
+// A Store and a Guard run on MySQL 8 and MariaDB through
+// go-sql-driver/mysql, on a pool wrapped by mysqldb.Wrap (whose DSN sets
+// clientFoundRows, which it checks), with the same guarantee and through the
+// same code path: names are quoted with backquotes, parameters are ?, and fn
+// reaches the guard's transaction with [contend.Querier]. What differs:
+//
+//   - A Guard begins its transactions at READ COMMITTED unless
+//     [Config.Isolation] says otherwise. Its own check holds at InnoDB's
+//     default, REPEATABLE READ, too, since an UPDATE reads the latest
+//     committed row, not the transaction's snapshot; but there a row lock
+//     taken in fn (package pessimistic's, which joins the guard's
+//     transaction) would let fn read the locked row as it was at the guard's
+//     first read and write back a lost update. Store.Update runs no
+//     transaction of its own: each statement reads the latest commit.
+//   - Deadlocks (1213) run the attempt again, as on PostgreSQL, and so do
+//     lock wait timeouts (1205: innodb_lock_wait_timeout, and MariaDB's
+//     NOWAIT), where the package owns the attempt.
+//   - [Store.Insert] is a plain INSERT: a duplicate key fails the statement,
+//     not the transaction, and counts as [contend.ErrConflict] only when the
+//     row it ran into is key's (another unique index's is the server's
+//     error).
+//   - No statement returns values (MySQL has no UPDATE ... RETURNING): the
+//     version a write leaves is the one it checked, plus one.
+//
+// Tested on MariaDB 10.11: the Guard conformance suite, faults included, at
+// READ COMMITTED; the read-pause-write of a counter from three processes,
+// through a Guard at REPEATABLE READ and under a row lock nested in a
+// Guard's fn, each beside a control that loses updates; Store.Update from
+// three processes; deadlocks and lock wait timeouts. MySQL 8 is supported by
+// design, not by test: the statements are common to both, MySQL 8 has
+// InnoDB's isolation semantics, and its NOWAIT error (3572) is not retried.
 package optimistic

@@ -2,6 +2,7 @@ package optimistic
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
@@ -41,18 +42,19 @@ type Guard struct {
 	opts     txn.Options
 	observer contend.Observer // nil: report nothing
 
-	readSQL string // $1 key → version
-	bumpSQL string // $1 key, $2 version
+	readSQL string // key → version
+	bumpSQL string // key, version
 }
 
 var _ contend.Guard = (*Guard)(nil)
 
 // NewGuard validates cfg and builds the guard's statements. db is a pool (a
 // [*sql.DB], [*sql.Conn], sqlx's DB, anything with BeginTx(ctx,
-// *sql.TxOptions) (*sql.Tx, error), or a *pgxpool.Pool or *pgx.Conn wrapped
-// by pgxdb.Wrap), on which Do begins a transaction per attempt, or a
-// transaction the caller owns ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx), in which
-// Do runs fn once and leaves retrying to the owner. It fails with an error
+// *sql.TxOptions) (*sql.Tx, error), a *pgxpool.Pool or *pgx.Conn wrapped
+// by pgxdb.Wrap, or a MySQL pool wrapped by mysqldb.Wrap), on which Do
+// begins a transaction per attempt, or a transaction the caller owns
+// ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx), in which Do runs fn once and
+// leaves retrying to the owner. It fails with an error
 // matching [contend.ErrInvalid] when db is nil or of another kind (a wrapper
 // with only [contend.DBTX]'s methods could be either), or when a name is not
 // a plain identifier.
@@ -64,22 +66,29 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("optimistic: %w", err)
 	}
-	if err := sqldb.PostgresOnly(d); err != nil {
-		return nil, fmt.Errorf("optimistic: %w", err)
-	}
 	if cfg.FinishTimeout < 0 {
 		return nil, fmt.Errorf("optimistic: finish timeout %v is negative: %w", cfg.FinishTimeout, contend.ErrInvalid)
 	}
-	n, err := cfg.names()
+	dialect := d.Dialect()
+	n, err := cfg.names(dialect)
 	if err != nil {
 		return nil, err
 	}
+	opts := txn.Options{Retry: cfg.Retry, Retryable: retryable, FinishTimeout: cfg.FinishTimeout}
+	isolation := cfg.Isolation
+	if isolation == sql.LevelDefault && dialect == sqldb.MySQL {
+		isolation = sql.LevelReadCommitted
+	}
+	if isolation != sql.LevelDefault {
+		opts.Tx = &sql.TxOptions{Isolation: isolation}
+	}
+	p1, p2 := dialect.Param(1), dialect.Param(2)
 	return &Guard{
 		db:       d,
-		opts:     txn.Options{Retry: cfg.Retry, Retryable: isMoved, FinishTimeout: cfg.FinishTimeout},
+		opts:     opts,
 		observer: cfg.Observer,
-		readSQL:  fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key),
-		bumpSQL:  fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = $1 AND %s = $2", n.table, n.version, n.version, n.key, n.version),
+		readSQL:  fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", n.version, n.table, n.key, p1),
+		bumpSQL:  fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = %s AND %s = %s", n.table, n.version, n.version, n.key, p1, n.version, p2),
 	}, nil
 }
 
@@ -93,7 +102,7 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 // [contend.ErrConflict], naming key, when every attempt lost the race; ctx's
 // error when ctx ends first; or the database's error. A panic in fn rolls back
 // and propagates. Deadlocks and serialization failures run the transaction
-// again too.
+// again too, and so, on MySQL and MariaDB, does a lock wait timeout (1205).
 func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if key == "" {
 		return fmt.Errorf("optimistic: do: empty key: %w", contend.ErrInvalid)
@@ -132,8 +141,9 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 		//   - still holds the row when this UPDATE reaches it: the UPDATE
 		//     waits for its lock, and once the writer commits, PostgreSQL
 		//     re-evaluates "version = $2" against the committed row (not the
-		//     snapshot) and matches no row; if the writer rolls back, there
-		//     was nothing to lose;
+		//     snapshot), as InnoDB reads the latest committed row for an
+		//     UPDATE at every isolation level, and matches no row; if the
+		//     writer rolls back, there was nothing to lose;
 		//   - reaches the row after this UPDATE: it waits for this
 		//     transaction's lock and then finds the version this one bumped,
 		//     so it is the one that loses.

@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx/reflectx"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 )
 
@@ -58,8 +59,9 @@ func mapperFor(db contend.DB) *reflectx.Mapper {
 }
 
 // newMapping maps the struct type t with m, the way sqlx would scan it, and
-// finds the key and version columns among its fields.
-func newMapping(t reflect.Type, m *reflectx.Mapper, keyCol, versionCol string) (*mapping, error) {
+// finds the key and version columns among its fields; names are quoted for
+// the server of d.
+func newMapping(t reflect.Type, m *reflectx.Mapper, d sqldb.Dialect, keyCol, versionCol string) (*mapping, error) {
 	if t.Kind() != reflect.Struct {
 		return nil, fmt.Errorf("optimistic: %v is not a struct: %w", t, contend.ErrInvalid)
 	}
@@ -76,7 +78,7 @@ func newMapping(t reflect.Type, m *reflectx.Mapper, keyCol, versionCol string) (
 		if err := checkFieldType(t, fi); err != nil {
 			return nil, err
 		}
-		quoted, err := sqlident.Quote(fmt.Sprintf("optimistic: %v.%s: column", t, fi.Field.Name), fi.Path)
+		quoted, err := sqlident.QuoteIn(d, fmt.Sprintf("optimistic: %v.%s: column", t, fi.Field.Name), fi.Path)
 		if err != nil {
 			return nil, err
 		}
@@ -160,15 +162,15 @@ func (m *mapping) setVersion(v reflect.Value, n int64) {
 	f.SetUint(uint64(n))
 }
 
-// updateArgs returns key, version, then the values of the set columns: the
-// parameters of a Store's update statement.
+// updateArgs returns the values of the set columns, then key and version:
+// the parameters of a Store's update statement, in the order they appear
+// in it.
 func (m *mapping) updateArgs(v reflect.Value, key any, version int64) []any {
-	args := make([]any, 2, 2+len(m.set))
-	args[0], args[1] = key, version
+	args := make([]any, 0, len(m.set)+2)
 	for _, c := range m.set {
 		args = append(args, m.field(v, c).Interface())
 	}
-	return args
+	return append(args, key, version)
 }
 
 // values returns every column's value, in column order.

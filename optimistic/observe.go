@@ -8,7 +8,6 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqldb"
-	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/txn"
 )
 
@@ -81,7 +80,7 @@ func (r *report) end(ctx context.Context, attempts int, err error) {
 		e.Kind = contend.EventConflict
 	case !r.joined && (cerr != nil && errors.Is(err, cerr) ||
 		errors.Is(err, contend.ErrConflict) ||
-		sqlerr.Retryable(err) && attempts >= r.max):
+		serverRetry(err) && attempts >= r.max):
 		e.Kind = contend.EventGaveUp
 	case err == r.fnErr:
 		e.Kind = contend.EventReleased
@@ -116,8 +115,8 @@ func (g *Guard) runObserved(ctx context.Context, r *report, fn func(ctx context.
 		return err
 	}, func(err error) bool {
 		// txn.RunTx's retryable errors.
-		retryable := sqlerr.Retryable(err) || isMoved(err)
-		r.failed(ctx, err, retryable)
-		return retryable
+		again := retryable(err)
+		r.failed(ctx, err, again)
+		return again
 	})
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/txn"
 )
 
@@ -52,12 +53,15 @@ type Store[T any] struct {
 	retry    contend.Retry
 	observer contend.Observer // nil: report nothing
 
-	selectSQL string // $1 key → every column
-	probeSQL  string // $1 key → version
+	// The statements' parameters, in the order they take their arguments
+	// (MySQL binds its placeholders in the order they appear).
+	selectSQL string // key → every column
+	probeSQL  string // key → version
 	insertSQL string // every column, in order
-	updateSQL string // $1 key, $2 version, then the set columns
-	touchSQL  string // $1 key, $2 version
-	deleteSQL string // $1 key, $2 version
+	existsSQL string // key → a row if it exists, read under a lock; MySQL only
+	updateSQL string // the set columns, key, version
+	touchSQL  string // key, version
+	deleteSQL string // key, version
 }
 
 // NewStore validates cfg and T's mapping and builds the store's statements.
@@ -71,10 +75,8 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 	if err != nil {
 		return nil, fmt.Errorf("optimistic: %w", err)
 	}
-	if err := sqldb.PostgresOnly(d); err != nil {
-		return nil, fmt.Errorf("optimistic: %w", err)
-	}
-	n, err := cfg.names()
+	dialect := d.Dialect()
+	n, err := cfg.names(dialect)
 	if err != nil {
 		return nil, err
 	}
@@ -85,7 +87,7 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 	if versionCol == "" {
 		versionCol = DefaultVersionColumn
 	}
-	m, err := newMapping(reflect.TypeFor[T](), mapperFor(db), keyCol, versionCol)
+	m, err := newMapping(reflect.TypeFor[T](), mapperFor(db), dialect, keyCol, versionCol)
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +97,7 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 	params := make([]string, len(m.cols))
 	for i, c := range m.cols {
 		all[i] = c.quoted
-		params[i] = fmt.Sprintf("$%d", i+1)
+		params[i] = dialect.Param(i + 1)
 	}
 	// The version is always part of the SET, and the check is always part of
 	// the WHERE: whichever of two writers that read one version gets the
@@ -104,20 +106,41 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 	// nothing. A zero version is checked too: skipping the check for it (as
 	// GORM's plugin does for a zero value) lets a fresh, never-read value
 	// overwrite anything.
+	//
+	// On MySQL too: there an UPDATE reads the latest committed row, not the
+	// snapshot of a REPEATABLE READ transaction, after waiting for the row
+	// lock. The version is set last, as MySQL assigns left to right and
+	// later assignments see earlier ones; no set column reads it anyway.
 	sets := make([]string, 0, len(m.set)+1)
 	for i, c := range m.set {
-		sets = append(sets, fmt.Sprintf("%s = $%d", m.cols[c].quoted, i+3))
+		sets = append(sets, fmt.Sprintf("%s = %s", m.cols[c].quoted, dialect.Param(i+1)))
 	}
 	sets = append(sets, fmt.Sprintf("%s = %s + 1", n.version, n.version))
-	where := fmt.Sprintf("%s = $1 AND %s = $2", n.key, n.version)
+	setWhere := fmt.Sprintf("%s = %s AND %s = %s", n.key, dialect.Param(len(m.set)+1), n.version, dialect.Param(len(m.set)+2))
+	where := fmt.Sprintf("%s = %s AND %s = %s", n.key, dialect.Param(1), n.version, dialect.Param(2))
 
-	s.selectSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", strings.Join(all, ", "), n.table, n.key)
-	s.probeSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = $1", n.version, n.table, n.key)
-	// ON CONFLICT rather than catching 23505: a unique violation aborts the
-	// transaction it happens in, and Insert may run inside a guard's.
-	s.insertSQL = fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s) ON CONFLICT (%s) DO NOTHING",
-		n.table, strings.Join(all, ", "), strings.Join(params, ", "), n.key)
-	s.updateSQL = fmt.Sprintf("UPDATE %s SET %s WHERE %s", n.table, strings.Join(sets, ", "), where)
+	s.selectSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", strings.Join(all, ", "), n.table, n.key, dialect.Param(1))
+	s.probeSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", n.version, n.table, n.key, dialect.Param(1))
+	s.insertSQL = fmt.Sprintf("INSERT INTO %s (%s) VALUES (%s)", n.table, strings.Join(all, ", "), strings.Join(params, ", "))
+	if dialect == sqldb.MySQL {
+		// A duplicate key fails the statement only, not the transaction
+		// it runs in, so Insert catches it (1062) and asks whether the
+		// key's row is what it ran into: a unique index on another column
+		// may be. Not ON DUPLICATE KEY UPDATE: with clientFoundRows, which
+		// the strategies need, a duplicate that changes nothing counts 1
+		// row, as an insert does. Not INSERT IGNORE: it turns other
+		// errors (a NULL into NOT NULL, a value too long) into warnings.
+		// The read locks, so that it sees the row the insert ran into
+		// even from an older REPEATABLE READ snapshot; the insert holds
+		// that lock already.
+		s.existsSQL = fmt.Sprintf("SELECT 1 FROM %s WHERE %s = ? LOCK IN SHARE MODE", n.table, n.key)
+	} else {
+		// ON CONFLICT rather than catching 23505: a unique violation
+		// aborts the transaction it happens in, and Insert may run inside
+		// a guard's.
+		s.insertSQL += fmt.Sprintf(" ON CONFLICT (%s) DO NOTHING", n.key)
+	}
+	s.updateSQL = fmt.Sprintf("UPDATE %s SET %s WHERE %s", n.table, strings.Join(sets, ", "), setWhere)
 	s.touchSQL = fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s", n.table, n.version, n.version, where)
 	s.deleteSQL = fmt.Sprintf("DELETE FROM %s WHERE %s", n.table, where)
 	return s, nil
@@ -175,6 +198,15 @@ func (s *Store[T]) Insert(ctx context.Context, v *T) error {
 		return fmt.Errorf("optimistic: insert %v: %w", key, err)
 	}
 	applied, err := execApplied(ctx, q, s.insertSQL, s.m.values(rv)...)
+	if err != nil && s.existsSQL != "" && sqlerr.Is(err, sqlerr.UniqueViolation) {
+		var one int
+		switch perr := scanRow(ctx, q, s.existsSQL, []any{key}, &one); {
+		case perr == nil:
+			applied, err = false, nil
+		case !sqldb.NoRows(perr):
+			err = errors.Join(err, perr)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("optimistic: insert %v: %w", key, err)
 	}
@@ -186,9 +218,10 @@ func (s *Store[T]) Insert(ctx context.Context, v *T) error {
 
 // Update reads key's row, passes it to fn to change, and writes every column
 // back if the row's version is still the one read, bumping it. When the
-// version moved in between, it reads the row again and runs fn again, under
-// [Config.Retry]; fn may therefore run several times and must only change the
-// value it is given. Changes fn makes to the key or version fields are
+// version moved in between (or the write was a deadlock's victim, or on
+// MySQL waited for the row's lock too long), it reads the row again and runs
+// fn again, under [Config.Retry]; fn may therefore run several times and
+// must only change the value it is given. Changes fn makes to the key or version fields are
 // ignored. On a pool, each attempt holds one connection from its read to its
 // write, fn included: keep fn quick (the longer it runs, the likelier another
 // writer gets in first anyway).
@@ -230,12 +263,12 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		q, retry = h.Tx, contend.Retry{MaxAttempts: 1}
 	}
 	var version int64 // of the last attempt's read
-	retryable := isMoved
+	again := retryable
 	if r != nil {
-		retryable = func(err error) bool {
-			moved := isMoved(err)
-			r.failed(ctx, err, moved)
-			return moved
+		again = func(err error) bool {
+			ok := retryable(err)
+			r.failed(ctx, err, ok)
+			return ok
 		}
 	}
 	attempts, err := retry.Do(ctx, func(ctx context.Context) (err error) {
@@ -291,7 +324,7 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		s.m.setVersion(rv, version+1)
 		out = v
 		return nil
-	}, retryable)
+	}, again)
 	var probe sqldb.Querier = s.db
 	if q != nil {
 		probe = q
