@@ -30,23 +30,25 @@
 //
 // # What runs, and what differs from PostgreSQL
 //
-// Package atomic (Update, UpdateN, UpdateSelect, the Claimer) and
-// pessimistic's row Locker run on a wrapped handle; pessimistic's Advisory,
-// optimistic and adaptive run on PostgreSQL only so far, and refuse it with
-// an error matching [contend.ErrInvalid].
+// Package atomic (Update, UpdateN, UpdateSelect, the Claimer),
+// pessimistic's row Locker and package optimistic (Store, Guard) run on a
+// wrapped handle; pessimistic's Advisory and adaptive run on PostgreSQL
+// only so far, and refuse it with an error matching [contend.ErrInvalid].
 //
 //   - MySQL has no UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and
 //     DELETE only): use atomic.UpdateSelect, which reads the row back in
 //     the update's transaction.
 //   - InnoDB's default isolation, REPEATABLE READ, reads from the snapshot of
-//     a transaction's first read: the Locker begins its transactions at READ
-//     COMMITTED, so that fn's plain reads see the latest commit of the rows
-//     it locked, nested locks included. Row locks are FOR UPDATE only.
+//     a transaction's first read: the Locker and optimistic's Guard begin
+//     their transactions at READ COMMITTED, so that fn's plain reads see
+//     the latest commit of the rows it locked, nested locks included. Row
+//     locks are FOR UPDATE only.
 //   - A claim's lease column is a DATETIME(6) holding UTC, compared with
 //     the server's UTC_TIMESTAMP(6), so sessions' time zones do not matter.
 //   - Deadlocks (1213), lock wait timeouts (1205, also MariaDB's NOWAIT),
 //     MySQL's NOWAIT (3572) and statement timeouts (1969, 3024) are
-//     classified as their PostgreSQL twins.
+//     classified as their PostgreSQL twins. Optimistic's Store and Guard
+//     also run an attempt that hit a lock wait timeout again.
 //
 // Tested on MariaDB 10.11; MySQL 8 by design (the statements are common to
 // both), not by test. This is the only package of the module that imports
