@@ -71,6 +71,9 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adaptive: %w", err)
 	}
+	if err := sqldb.PostgresOnly(d); err != nil {
+		return nil, fmt.Errorf("adaptive: %w", err)
+	}
 	opt, err := optimistic.NewGuard(db, optimistic.Config{
 		Table:         cfg.Table,
 		KeyColumn:     cfg.KeyColumn,
