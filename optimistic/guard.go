@@ -2,7 +2,6 @@ package optimistic
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
@@ -74,18 +73,10 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := txn.Options{Retry: cfg.Retry, Retryable: retryable, FinishTimeout: cfg.FinishTimeout}
-	isolation := cfg.Isolation
-	if isolation == sql.LevelDefault && dialect == sqldb.MySQL {
-		isolation = sql.LevelReadCommitted
-	}
-	if isolation != sql.LevelDefault {
-		opts.Tx = &sql.TxOptions{Isolation: isolation}
-	}
 	p1, p2 := dialect.Param(1), dialect.Param(2)
 	return &Guard{
 		db:       d,
-		opts:     opts,
+		opts:     txn.Options{Tx: dialect.GuardTx(cfg.Isolation), Retry: cfg.Retry, Retryable: retryable, FinishTimeout: cfg.FinishTimeout},
 		observer: cfg.Observer,
 		readSQL:  fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", n.version, n.table, n.key, p1),
 		bumpSQL:  fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = %s AND %s = %s", n.table, n.version, n.version, n.key, p1, n.version, p2),

@@ -1,7 +1,6 @@
 package pessimistic
 
 import (
-	"database/sql"
 	"fmt"
 	"strings"
 
@@ -20,9 +19,10 @@ import (
 // lock nested in another guard's fn, which joins its transaction), fn's
 // plain SELECT of the locked row would see the snapshot, not the last
 // commit, and write back a lost update. The locker therefore begins its
-// transactions at READ COMMITTED unless Config.Isolation says otherwise:
-// each plain read sees the latest commit, and the row lock keeps that
-// commit the latest until the transaction ends.
+// transactions at READ COMMITTED unless Config.Isolation says otherwise
+// (newRunner, through sqldb's GuardTx): each plain read sees the latest
+// commit, and the row lock keeps that commit the latest until the
+// transaction ends.
 //
 // There is no FOR NO KEY UPDATE: both strengths lock FOR UPDATE. The lock
 // timeout is the server's innodb_lock_wait_timeout, which is
@@ -32,9 +32,6 @@ func newMySQLLocker(r runner, cfg Config) (*Locker, error) {
 	if cfg.LockTimeout > 0 {
 		return nil, fmt.Errorf("pessimistic: lock timeout on MySQL: bound waits with the server's innodb_lock_wait_timeout, "+
 			"or ctx: %w", contend.ErrInvalid)
-	}
-	if r.opts.Tx == nil {
-		r.opts.Tx = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
 	table, err := sqlident.QuoteIn(sqldb.MySQL, "pessimistic: table", cfg.Table)
 	if err != nil {

@@ -70,10 +70,8 @@ func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolatio
 	if finish < 0 {
 		return runner{}, fmt.Errorf("pessimistic: finish timeout %v is negative: %w", finish, contend.ErrInvalid)
 	}
-	r := runner{db: d, mode: mode, timeout: timeout, opts: txn.Options{Retry: retry, FinishTimeout: finish}, observer: observer}
-	if isolation != sql.LevelDefault {
-		r.opts.Tx = &sql.TxOptions{Isolation: isolation}
-	}
+	r := runner{db: d, mode: mode, timeout: timeout, observer: observer,
+		opts: txn.Options{Tx: d.Dialect().GuardTx(isolation), Retry: retry, FinishTimeout: finish}}
 	if timeout > 0 {
 		// PostgreSQL counts lock_timeout in whole milliseconds, and 0 turns
 		// it off: round up, so a tiny timeout stays a timeout.

@@ -45,6 +45,24 @@ func (d Dialect) Param(n int) string {
 	return "$" + strconv.Itoa(n)
 }
 
+// GuardTx returns the options of the transactions a guard begins, at
+// isolation (sql.LevelDefault for the default) on d's server: nil, the
+// server's own default, on PostgreSQL; READ COMMITTED by default on MySQL.
+// InnoDB's default, REPEATABLE READ, reads from a snapshot taken at a
+// transaction's first plain read, so a row lock had after that read (a
+// lock nested in another guard's fn, which joins its transaction) would
+// not make fn's plain reads see the row's latest commit, and a
+// read-check-write under the lock would write back a lost update.
+func (d Dialect) GuardTx(isolation sql.IsolationLevel) *sql.TxOptions {
+	if isolation == sql.LevelDefault && d == MySQL {
+		isolation = sql.LevelReadCommitted
+	}
+	if isolation == sql.LevelDefault {
+		return nil
+	}
+	return &sql.TxOptions{Isolation: isolation}
+}
+
 // OpenStd classifies a database/sql handle of a driver whose server speaks
 // dialect, as [Open] does a bare one: the driver packages (mysqldb) use it
 // to give their handles the code path every database/sql handle shares.
