@@ -4,11 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"math/rand/v2"
-	"strconv"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -242,26 +239,7 @@ func TestReadPauseWriteAtRepeatableReadOnMariaDB(t *testing.T) {
 			Driver: testserver.MariaDBDriver,
 			New:    func(_ testing.TB, env guardtest.Env) contend.Guard { return txGuard{env.Handle} },
 		}
-		rep := guardtest.Contend(t, s, cfg)
-		t.Logf("successes %d, counted %d, errors %d", rep.Successes, rep.Counted, rep.Errors)
-		require.Zero(t, rep.Errors, "%v", rep.FirstErrors)
-		require.Less(t, rep.Counted, int64(rep.Successes), "the plain transaction lost no update: the run cannot show one")
-		require.False(t, rep.History.Linearizable())
-	})
-}
-
-// nestedGuard runs fn under inner, inside outer's fn for one of many outer
-// keys, so that the outer guards rarely race each other and the inner one
-// does the work.
-type nestedGuard struct {
-	outer, inner contend.Guard
-	outers       int
-}
-
-func (g nestedGuard) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	return g.outer.Do(ctx, "o"+strconv.Itoa(rand.IntN(g.outers)), func(ctx context.Context) error {
-		time.Sleep(time.Millisecond) // others commit to key's counter meanwhile
-		return g.inner.Do(ctx, key, fn)
+		guardtest.Contend(t, s, cfg).RequireLost(t)
 	})
 }
 
@@ -272,45 +250,20 @@ func (g nestedGuard) Do(ctx context.Context, key string, fn func(ctx context.Con
 // updates (the negative control). At the guard's default, READ COMMITTED,
 // the same calls lose none.
 func TestLockInsideAGuardReadsTheLatestCommitOnMariaDB(t *testing.T) {
-	const outers = 200
-	for _, c := range []struct {
-		name      string
-		isolation sql.IsolationLevel
-	}{
-		{"default", sql.LevelDefault},
-		{"repeatable_read_control", sql.LevelRepeatableRead},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			s := guardtest.Suite{
-				Driver: testserver.MariaDBDriver,
-				Setup: func(t testing.TB, env guardtest.Env, _ []string) {
-					_, err := env.DB.Exec(`CREATE TABLE outers (id varchar(64) PRIMARY KEY, version bigint NOT NULL DEFAULT 0)`)
-					require.NoError(t, err)
-					for i := range outers {
-						_, err := env.DB.Exec(`INSERT INTO outers (id) VALUES (?)`, "o"+strconv.Itoa(i))
-						require.NoError(t, err)
-					}
-				},
-				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					outer, err := optimistic.NewGuard(env.Handle, optimistic.Config{Table: "outers", Retry: bigBudget, Isolation: c.isolation})
-					require.NoError(t, err)
-					inner, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "guardtest_counters", KeyColumn: "key"})
-					require.NoError(t, err)
-					return nestedGuard{outer, inner, outers}
-				},
-				Exclusive: true,
-			}
-			rep := guardtest.Contend(t, s, harness.Config{Processes: 3, Goroutines: 8, Ops: 4, Keys: []string{"hot"}})
-			if c.isolation == sql.LevelDefault {
-				rep.RequireHeld(t, s)
-				return
-			}
-			t.Logf("successes %d, counted %d, errors %d", rep.Successes, rep.Counted, rep.Errors)
-			require.Zero(t, rep.Errors, "%v", rep.FirstErrors)
-			require.Less(t, rep.Counted, int64(rep.Successes), "REPEATABLE READ lost no update: the test cannot see a stale read")
-			require.False(t, rep.History.Linearizable())
-		})
-	}
+	guardtest.NestedLosesNoUpdate(t, testserver.MariaDBDriver,
+		func(t testing.TB, env guardtest.Env, isolation sql.IsolationLevel) contend.Guard {
+			g, err := optimistic.NewGuard(env.Handle, optimistic.Config{Table: guardtest.OuterTable, Retry: bigBudget, Isolation: isolation})
+			require.NoError(t, err)
+			return g
+		},
+		lockerOnCounters)
+}
+
+// lockerOnCounters is a row Locker on the suite's counters.
+func lockerOnCounters(t testing.TB, env guardtest.Env) contend.Guard {
+	l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "guardtest_counters", KeyColumn: "key"})
+	require.NoError(t, err)
+	return l
 }
 
 // Store.Update's increments of one hot counter from 3 processes on MariaDB:

@@ -448,6 +448,17 @@ func (r Report) RequireLinearizable(t *testing.T) {
 	}
 }
 
+// RequireLost checks that r, the run of a negative control, lost updates
+// and that the history checker saw it: without errors, the counters show
+// fewer increments than calls succeeded.
+func (r Report) RequireLost(t *testing.T) {
+	t.Helper()
+	t.Logf("successes %d, counted %d, errors %d; history: %v", r.Successes, r.Counted, r.Errors, r.History)
+	require.Zero(t, r.Errors, "%v", r.FirstErrors)
+	require.Less(t, r.Counted, int64(r.Successes), "no update lost: the run is too weak to show what it controls")
+	require.False(t, r.History.Linearizable(), "the counters lost updates and the checker did not see it")
+}
+
 // visualize writes porcupine's view of key's history to a file that outlives
 // the test, and returns its name.
 func (r Report) visualize(key string) string {
