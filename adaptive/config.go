@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 )
 
@@ -101,21 +102,21 @@ func (c Config) withDefaults() (Config, error) {
 	return c, nil
 }
 
-// names is a Config's identifiers, quoted.
+// names is a Config's identifiers, quoted for the server of a dialect.
 type names struct {
 	table, key, version string
 }
 
-func (c Config) names() (names, error) {
+func (c Config) names(d sqldb.Dialect) (names, error) {
 	var n names
 	var err error
-	if n.table, err = sqlident.Quote("adaptive: table", c.Table); err != nil {
+	if n.table, err = sqlident.QuoteIn(d, "adaptive: table", c.Table); err != nil {
 		return names{}, err
 	}
-	if n.key, err = sqlident.Quote("adaptive: key column", c.KeyColumn); err != nil {
+	if n.key, err = sqlident.QuoteIn(d, "adaptive: key column", c.KeyColumn); err != nil {
 		return names{}, err
 	}
-	if n.version, err = sqlident.Quote("adaptive: version column", c.VersionColumn); err != nil {
+	if n.version, err = sqlident.QuoteIn(d, "adaptive: version column", c.VersionColumn); err != nil {
 		return names{}, err
 	}
 	return n, nil

@@ -2,6 +2,7 @@ package adaptive
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -38,7 +39,7 @@ type Guard struct {
 	observer contend.Observer
 	stats    *table
 
-	lockSQL    string // $1 key; locks key's row by moving its version
+	lockSQL    string // key; locks key's row by moving its version
 	table, key string // quoted, for tests that change lockSQL
 
 	// Set by tests only, before the first call.
@@ -63,16 +64,13 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
-	n, err := cfg.names()
-	if err != nil {
-		return nil, err
-	}
 	d, err := sqldb.Open(db)
 	if err != nil {
 		return nil, fmt.Errorf("adaptive: %w", err)
 	}
-	if err := sqldb.PostgresOnly(d); err != nil {
-		return nil, fmt.Errorf("adaptive: %w", err)
+	n, err := cfg.names(d.Dialect())
+	if err != nil {
+		return nil, err
 	}
 	opt, err := optimistic.NewGuard(db, optimistic.Config{
 		Table:         cfg.Table,
@@ -88,7 +86,7 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	return &Guard{
 		db:       d,
 		opt:      opt,
-		opts:     txn.Options{Retry: cfg.Retry, FinishTimeout: cfg.FinishTimeout},
+		opts:     txn.Options{Tx: d.Dialect().GuardTx(sql.LevelDefault), Retry: cfg.Retry, FinishTimeout: cfg.FinishTimeout},
 		observer: cfg.Observer,
 		stats:    newTable(cfg),
 		// The lock is taken by the bump, not by SELECT ... FOR UPDATE and a
@@ -98,7 +96,7 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 		// the transaction fn writes in (see the package doc).
 		table:   n.table,
 		key:     n.key,
-		lockSQL: fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = $1 RETURNING 1", n.table, n.version, n.version, n.key),
+		lockSQL: fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = %s", n.table, n.version, n.version, n.key, d.Dialect().Param(1)),
 	}, nil
 }
 
@@ -202,8 +200,10 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		attempts++
 		locked = time.Time{}
 		start := time.Now()
-		var one int
-		err := txn.Watch(ctx, tx, func() error { return tx.QueryRow(ctx, g.lockSQL, key).Scan(&one) })
+		n, err := txn.WatchExec(ctx, tx, g.lockSQL, []any{key})
+		if err == nil && n == 0 {
+			err = sql.ErrNoRows
+		}
 		if err != nil {
 			return classify(ctx, key, err)
 		}

@@ -31,18 +31,19 @@
 // # What runs, and what differs from PostgreSQL
 //
 // Package atomic (Update, UpdateN, UpdateSelect, the Claimer),
-// pessimistic's row Locker and package optimistic (Store, Guard) run on a
-// wrapped handle; pessimistic's Advisory and adaptive run on PostgreSQL
-// only so far, and refuse it with an error matching [contend.ErrInvalid].
+// pessimistic's row Locker, package optimistic (Store, Guard) and package
+// adaptive run on a wrapped handle; pessimistic's Advisory runs on
+// PostgreSQL only so far, and refuses it with an error matching
+// [contend.ErrInvalid].
 //
 //   - MySQL has no UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and
 //     DELETE only): use atomic.UpdateSelect, which reads the row back in
 //     the update's transaction.
 //   - InnoDB's default isolation, REPEATABLE READ, reads from the snapshot of
-//     a transaction's first read: the Locker and optimistic's Guard begin
-//     their transactions at READ COMMITTED, so that fn's plain reads see
-//     the latest commit of the rows it locked, nested locks included. Row
-//     locks are FOR UPDATE only.
+//     a transaction's first read: the Locker and the optimistic and
+//     adaptive guards begin their transactions at READ COMMITTED, so that
+//     fn's plain reads see the latest commit of the rows it locked, nested
+//     locks included. Row locks are FOR UPDATE only.
 //   - A claim's lease column is a DATETIME(6) holding UTC, compared with
 //     the server's UTC_TIMESTAMP(6), so sessions' time zones do not matter.
 //   - Deadlocks (1213), lock wait timeouts (1205, also MariaDB's NOWAIT),

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
-	"github.com/contend/contend/adaptive"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/mysqldb"
@@ -133,15 +132,13 @@ func TestQuerierIsTheGuardsTransaction(t *testing.T) {
 	require.False(t, owner.Valid)
 }
 
-// The strategies whose statements are PostgreSQL's only (pessimistic's
-// advisory locks, adaptive) refuse a MySQL handle at construction, rather
-// than fail at the first statement.
+// The strategy whose statements are PostgreSQL's only (pessimistic's
+// advisory locks) refuses a MySQL handle at construction, rather than fail
+// at the first statement.
 func TestPostgresOnlyStrategiesRefuseMySQL(t *testing.T) {
 	t.Parallel()
 	h := mysqldb.Wrap(open(t, setup(t), true))
 	_, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{})
-	require.ErrorIs(t, err, contend.ErrInvalid)
-	_, err = adaptive.NewGuard(h, adaptive.Config{Table: "products"})
 	require.ErrorIs(t, err, contend.ErrInvalid)
 	require.ErrorContains(t, err, "PostgreSQL only")
 }
