@@ -81,7 +81,8 @@
 // for (the check): with a short fn and keys that are rarely contended, a
 // row lock is as fast. The guard pays off where the fixed choice is wrong
 // for part of the traffic: optimistic on a key that turned hot, whose
-// retries cost far more than either, or locked where fn holds the lock long.
+// retries cost far more than either, or a lock held through a long fn on
+// keys that are rarely contended, where the waits cost more than the check.
 //
 // Statements use PostgreSQL's syntax and work with lib/pq, pgx's stdlib driver
 // and pgx's native pool wrapped by pgxdb.Wrap.
