@@ -147,9 +147,12 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 var errToLock = errors.New("adaptive: key went under the lock; going on there")
 
 func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	// Each run of fn is an attempt that read the version; all but the last
-	// lost their race. Counting them here costs nothing, where an Observer
-	// would build an event per attempt.
+	// Each run of fn after the first follows an attempt that lost its race
+	// (its version moved, or a deadlock). The loss is recorded as it
+	// happens, not when the call ends: on a key that just turned hot, the
+	// losers are the calls still retrying, and they are the ones that must
+	// learn at once that the key went under the lock. Counting runs here
+	// costs nothing, where an Observer would build an event per attempt.
 	runs := 0
 	var fnErr error // of the last run of fn
 	err := g.opt.Do(ctx, key, func(ctx context.Context) error {
@@ -157,7 +160,7 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 		// A call that lost a race on a key that has since gone under the
 		// lock would go on losing to the lock's holders, each of which
 		// moves the version: it joins them instead.
-		if runs > 1 && !g.pinned && g.stats.mode(key) == Pessimistic {
+		if runs > 1 && !g.pinned && g.stats.record(key, 1, 1) == Pessimistic {
 			return errToLock
 		}
 		fnErr = fn(ctx)
@@ -167,17 +170,12 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 		return err
 	}
 	if errors.Is(err, errToLock) {
-		g.stats.record(key, runs-1, runs-1)
 		return g.doLocked(ctx, key, fn)
 	}
 	// The last run lost its race only when the guard gave up on the key;
 	// fn's own error, a refusal such as "sold out" that matches ErrConflict
 	// too, is an answer about the state, not a lost race.
-	lost := runs - 1
-	if fnErr == nil && errors.Is(err, contend.ErrConflict) {
-		lost = runs
-	}
-	g.stats.record(key, runs, lost)
+	g.stats.record(key, 1, b2i(fnErr == nil && errors.Is(err, contend.ErrConflict)))
 	return err
 }
 

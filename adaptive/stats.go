@@ -89,13 +89,10 @@ func (t *table) mode(key string) Mode {
 }
 
 // record adds samples observations made in mode, conflicts of them
-// conflicts, to key's rate, and moves key to the other mode when the rate
-// crossed its threshold. Observations of the mode the key is no longer in
+// conflicts, to key's rate, moves key to the other mode when the rate
+// crossed its threshold, and returns key's mode. Observations of the mode the key is no longer in
 // (calls that began before it changed) still count: they measured the key.
-func (t *table) record(key string, samples, conflicts int) {
-	if samples <= 0 {
-		return
-	}
+func (t *table) record(key string, samples, conflicts int) Mode {
 	h := t.hash(key)
 	s := &t.slots[h&t.mask]
 	s.mu.Lock()
@@ -114,7 +111,7 @@ func (t *table) record(key string, samples, conflicts int) {
 	}
 	s.since += samples
 	if s.since < t.dwell {
-		return
+		return s.mode
 	}
 	switch {
 	case s.mode == Optimistic && s.rate >= t.enter:
@@ -122,4 +119,5 @@ func (t *table) record(key string, samples, conflicts int) {
 	case s.mode == Pessimistic && s.rate <= t.leave:
 		s.mode, s.since = Optimistic, 0
 	}
+	return s.mode
 }

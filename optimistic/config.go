@@ -169,6 +169,9 @@ func checkKey(op string, key any) error {
 // which must not be read when it fails: the statement may be left to finish
 // on its own (see txn.Watch).
 func scanRow(ctx context.Context, q sqldb.Querier, query string, args []any, dest ...any) error {
+	if !txn.NeedsWatch(ctx, q) {
+		return preferCtx(ctx, q.QueryRow(ctx, query, args...).Scan(dest...))
+	}
 	return preferCtx(ctx, txn.Watch(ctx, q, func() error {
 		return q.QueryRow(ctx, query, args...).Scan(dest...)
 	}))

@@ -342,15 +342,23 @@ type fnError struct{ err error }
 
 func (e fnError) Error() string { return e.err.Error() }
 
+// isFnError reports whether err is fn's, as the retry loop returns it:
+// itself, never wrapped (fnError has no Unwrap, so that fn's own deadlock
+// is not taken for the guard's and retried). A type assertion, not
+// errors.As, whose target would be allocated on every call.
+func isFnError(err error) bool {
+	_, ok := err.(fnError)
+	return ok
+}
+
 func isMoved(err error) bool { return errors.Is(err, errMoved) }
 
 func (s *Store[T]) updateErr(ctx context.Context, q sqldb.Querier, key any, version int64, err error) error {
-	var fe fnError
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &fe):
-		return fe.err
+	case isFnError(err):
+		return err.(fnError).err
 	case err == errMoved:
 		// Retry.Do returns the last attempt's error itself when the attempts
 		// ran out, and wraps it with ctx's error when ctx ended first: only

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -44,6 +45,33 @@ func BenchmarkGuard(b *testing.B) {
 				if _, err := tx.ExecContext(ctx, bump, key); err != nil {
 					return err
 				}
+				return tx.Commit()
+			}
+		}},
+		// raw-bounded is raw keeping the promise the library keeps about
+		// time: its COMMIT waits at most a bound, kept by a timer that
+		// cancels the transaction's context (pgx then closes the
+		// connection). It is the floor of a bounded transaction; what it
+		// costs beyond raw is the context and timer, and pgx watching a
+		// context that can end.
+		{"raw-bounded", func(b *testing.B, db *sqlx.DB) func(ctx context.Context, key string) error {
+			return func(ctx context.Context, key string) error {
+				txCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
+				defer abandon()
+				tx, err := db.BeginTx(txCtx, nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				var one int
+				if err := tx.QueryRowContext(ctx, `SELECT 1 FROM counters WHERE id = $1 FOR NO KEY UPDATE`, key).Scan(&one); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, bump, key); err != nil {
+					return err
+				}
+				t := time.AfterFunc(5*time.Second, abandon)
+				defer t.Stop()
 				return tx.Commit()
 			}
 		}},

@@ -256,8 +256,18 @@ func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context
 }
 
 func (l *Locker) lockRow(ctx context.Context, tx sqldb.Tx, key string) error {
-	var one int
-	err := tx.QueryRow(ctx, l.lockOne, key).Scan(&one)
+	var err error
+	if l.r.db.Dialect() == sqldb.Postgres {
+		// PostgreSQL counts a SELECT's rows in its command tag, which Exec
+		// reports: no rows to read, as cheap as the lock gets.
+		var n int64
+		if n, err = tx.Exec(ctx, l.lockOne, key); err == nil && n == 0 {
+			err = sql.ErrNoRows
+		}
+	} else {
+		var one int
+		err = tx.QueryRow(ctx, l.lockOne, key).Scan(&one)
+	}
 	if !sqldb.NoRows(err) {
 		return err
 	}

@@ -104,7 +104,13 @@ func (r *runner) run(ctx context.Context, what func() string, key func() string,
 	attempt := func(ctx context.Context, tx sqldb.Tx) error {
 		// Watched: a lock statement the network swallowed must not hold the
 		// call past ctx (the rollback that follows is bounded too).
-		if err := txn.Watch(ctx, tx, func() error { return r.lock(ctx, tx, h.Owned(), lock) }); err != nil {
+		var err error
+		if !txn.NeedsWatch(ctx, tx) {
+			err = r.lock(ctx, tx, h.Owned(), lock) // no closure to allocate
+		} else {
+			err = txn.Watch(ctx, tx, func() error { return r.lock(ctx, tx, h.Owned(), lock) })
+		}
+		if err != nil {
 			if rep != nil {
 				rep.lockErr = err
 			}

@@ -141,8 +141,11 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 	if !ok || d.tx != nil {
 		return nil, fmt.Errorf("begin on a transaction: %w", contend.ErrInvalid)
 	}
+	// A pool's transaction is begun on a connection taken first, with ctx,
+	// which the transaction's end then gives back. Not under pgx: its
+	// statements, and the wait for a connection, end with their ctx.
 	var conn *sql.Conn
-	if p, ok := b.(conner); ok {
+	if p, ok := b.(conner); ok && !d.ends {
 		c, err := p.Conn(ctx)
 		if err != nil {
 			return nil, err

@@ -155,6 +155,9 @@ func RunTx(ctx context.Context, d sqldb.DB, opts Options, fn func(ctx context.Co
 // statements still end with ctx, and a transaction whose ctx ended while fn
 // ran is rolled back, not committed.
 func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context, sqldb.Tx) error) (err error) {
+	if sqldb.EndsWithCtx(d) {
+		return onceEnding(ctx, d, opts, fn)
+	}
 	// txCtx is cancelled when ctx ends during BEGIN, and when a COMMIT or
 	// ROLLBACK outlives its bound: drivers that watch it (pgx) then close the
 	// connection instead of waiting for an answer. endCtx, under which pgx
@@ -199,6 +202,76 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 	}
 	ended = true
 	return e.end("commit", tx.Commit)
+}
+
+// onceEnding is once for a handle whose statements end with their ctx
+// (pgx, natively or through database/sql; see [sqldb.EndsWithCtx]). Its
+// BEGIN, COMMIT and ROLLBACK run under one context of the transaction's
+// own, txCtx, which ctx's end cancels during BEGIN only, and a timer
+// cancels when the COMMIT or ROLLBACK outlives its bound: the driver then
+// closes the connection at once. So no goroutine waits for an answer, and
+// the promises are once's, kept by the timer and the driver.
+//
+// A transaction that ctx's end caught during BEGIN holds nothing yet: its
+// rollback runs under the cancelled txCtx, so the driver closes the
+// connection rather than wait for a ROLLBACK.
+func onceEnding(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context, sqldb.Tx) error) (err error) {
+	txCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	defer abandon()
+	inTime := true // false: ctx ended during BEGIN
+	var tx sqldb.OwnTx
+	if ctx.Done() == nil {
+		tx, err = d.Begin(txCtx, opts.txOptions())
+	} else {
+		stopWatching := context.AfterFunc(ctx, abandon)
+		tx, err = d.Begin(txCtx, opts.txOptions())
+		inTime = stopWatching()
+	}
+	if err != nil {
+		if !inTime {
+			return errors.Join(context.Cause(ctx), err)
+		}
+		return err
+	}
+	if !inTime {
+		_ = tx.Rollback(txCtx)
+		return context.Cause(ctx)
+	}
+	ended := false
+	defer func() {
+		if ended {
+			return
+		}
+		// Runs on error and on panic alike.
+		if rerr := endBy(txCtx, abandon, opts.FinishTimeout, "rollback", tx.Rollback); rerr != nil && !errors.Is(rerr, sql.ErrTxDone) {
+			err = errors.Join(err, rerr)
+		}
+	}()
+	if err := fn(tx.Context(ctx), tx); err != nil {
+		return err
+	}
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	ended = true
+	return endBy(txCtx, abandon, opts.FinishTimeout, "commit", tx.Commit)
+}
+
+// endBy runs call, tx.Commit or tx.Rollback, under ctx, and abandons ctx
+// once bound has passed: a driver whose statements end with their ctx then
+// returns at once. An answer that came is returned as it is, even if the
+// bound passed meanwhile; an error after the bound passed says the outcome
+// is unknown.
+func endBy(ctx context.Context, abandon context.CancelFunc, bound time.Duration, op string, call func(context.Context) error) error {
+	if bound <= 0 {
+		bound = DefaultFinishTimeout
+	}
+	t := time.AfterFunc(bound, abandon)
+	err := call(ctx)
+	if !t.Stop() && err != nil {
+		return fmt.Errorf("%s: %w within %v, the outcome is unknown: %w (%w)", op, ErrNoAnswer, bound, context.DeadlineExceeded, err)
+	}
+	return err
 }
 
 // ender ends a transaction once begun: its COMMIT or ROLLBACK, which gives
@@ -274,13 +347,21 @@ const CancelGrace = 250 * time.Millisecond
 // end with ctx by themselves ([sqldb.EndsWithCtx]): then Watch runs it
 // directly, and it costs what the driver's call costs.
 func Watch(ctx context.Context, h any, call func() error) error {
-	if ctx.Done() == nil || sqldb.EndsWithCtx(h) {
+	if !NeedsWatch(ctx, h) {
 		return call()
 	}
 	w := watchers.Get().(*watcher)
 	w.call = call
 	_, err := w.watch(ctx)
 	return err
+}
+
+// NeedsWatch reports whether a statement under ctx on handle h would be
+// watched by [Watch]: whether ctx can end and h's statements do not end
+// with it. A caller that would build a closure for Watch asks first, so
+// that the unwatched path, pgx's, costs no closure.
+func NeedsWatch(ctx context.Context, h any) bool {
+	return ctx.Done() != nil && !sqldb.EndsWithCtx(h)
 }
 
 // WatchExec is [Watch] for q.Exec(ctx, query, args...), and WatchStmt for
@@ -290,7 +371,7 @@ func Watch(ctx context.Context, h any, call func() error) error {
 // closure, so a watched statement costs the goroutine it runs on and no
 // other allocation.
 func WatchExec(ctx context.Context, q sqldb.Querier, query string, args []any) (int64, error) {
-	if ctx.Done() == nil || sqldb.EndsWithCtx(q) {
+	if !NeedsWatch(ctx, q) {
 		return q.Exec(ctx, query, args...)
 	}
 	w := watchers.Get().(*watcher)
@@ -300,7 +381,7 @@ func WatchExec(ctx context.Context, q sqldb.Querier, query string, args []any) (
 
 // WatchStmt: see [WatchExec].
 func WatchStmt(ctx context.Context, s sqldb.Stmt, tx sqldb.Tx, args []any) (int64, error) {
-	if ctx.Done() == nil || sqldb.EndsWithCtx(s) {
+	if !NeedsWatch(ctx, s) {
 		return s.Exec(ctx, tx, args...)
 	}
 	w := watchers.Get().(*watcher)
