@@ -125,6 +125,10 @@ func (d *db) Dialect() sqldb.Dialect { return sqldb.Postgres }
 // after its delay.
 func (d *db) StatementsEndWithCtx() bool { return true }
 
+// TxEndsWithCtx reports true (see [sqldb.TxEndsWithCtx]): pgx commits and
+// rolls back under a ctx, watched as any statement's.
+func (d *db) TxEndsWithCtx() bool { return true }
+
 func (d *db) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	tag, err := d.h.Exec(ctx, query, args...)
 	if err != nil {

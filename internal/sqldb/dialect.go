@@ -75,6 +75,12 @@ func OpenStd(db contend.DBTX, dialect Dialect) (DB, error) {
 		return nil, err
 	}
 	d.dialect = dialect
+	if mysql, _ := DriverIsMySQL(db); mysql && d.tx == nil {
+		// go-sql-driver/mysql closes the connection when a statement's ctx
+		// ends, so its statements need no watching; its COMMIT, sent with
+		// no ctx, still does.
+		d.ends = true
+	}
 	return d, nil
 }
 

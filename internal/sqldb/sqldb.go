@@ -122,12 +122,23 @@ type DB interface {
 // EndsWithCtx reports whether the statements of h, a handle of this
 // package's, return when their ctx ends, whatever the network does: pgx's
 // do, natively or through its database/sql driver, since its context
-// watcher puts a deadline on the connection at once; lib/pq's do not. A
+// watcher puts a deadline on the connection at once, and so do
+// go-sql-driver/mysql's, which closes the connection; lib/pq's do not. A
 // statement on such a handle needs no watching (txn.Watch) to keep a call
 // within its ctx.
 func EndsWithCtx(h any) bool {
 	e, ok := h.(interface{ StatementsEndWithCtx() bool })
 	return ok && e.StatementsEndWithCtx()
+}
+
+// TxEndsWithCtx reports whether the transactions d begins end with the ctx
+// they began under: their COMMIT and ROLLBACK return once that ctx is
+// cancelled, whatever the network does. pgx's do, natively or through its
+// database/sql driver; lib/pq's and go-sql-driver/mysql's COMMIT takes no
+// ctx and waits for the server.
+func TxEndsWithCtx(d DB) bool {
+	e, ok := d.(interface{ TxEndsWithCtx() bool })
+	return ok && e.TxEndsWithCtx()
 }
 
 // Wrapped is a handle of another driver, made by that driver's package

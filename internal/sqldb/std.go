@@ -49,7 +49,8 @@ func classifyStd(db contend.DBTX) (stdDB, error) {
 	case *sql.Tx, *sqlx.Tx:
 		return stdDB{stdQuerier: stdQuerier{h, false}, tx: &stdTx{stdQuerier{h, false}}}, nil
 	case Beginner:
-		return stdDB{stdQuerier: stdQuerier{db, pgxStdlib(db)}}, nil
+		pgx := pgxStdlib(db)
+		return stdDB{stdQuerier: stdQuerier{db, pgx}, txEnds: pgx}, nil
 	}
 	return stdDB{}, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
 		"or anything with BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error) to begin a transaction per call, or a *sql.Tx "+
@@ -101,7 +102,12 @@ type stdDB struct {
 	stdQuerier
 	tx      *stdTx
 	dialect Dialect
+	// txEnds: a transaction's COMMIT and ROLLBACK end with the ctx it
+	// began under (see [TxEndsWithCtx]): pgx's driver's do.
+	txEnds bool
 }
+
+func (d stdDB) TxEndsWithCtx() bool { return d.txEnds }
 
 func (d stdDB) Dialect() Dialect { return d.dialect }
 
@@ -143,9 +149,10 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 	}
 	// A pool's transaction is begun on a connection taken first, with ctx,
 	// which the transaction's end then gives back. Not under pgx: its
-	// statements, and the wait for a connection, end with their ctx.
+	// statements, its COMMIT, and the wait for a connection end with their
+	// ctx.
 	var conn *sql.Conn
-	if p, ok := b.(conner); ok && !d.ends {
+	if p, ok := b.(conner); ok && !d.txEnds {
 		c, err := p.Conn(ctx)
 		if err != nil {
 			return nil, err

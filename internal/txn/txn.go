@@ -155,7 +155,7 @@ func RunTx(ctx context.Context, d sqldb.DB, opts Options, fn func(ctx context.Co
 // statements still end with ctx, and a transaction whose ctx ended while fn
 // ran is rolled back, not committed.
 func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context, sqldb.Tx) error) (err error) {
-	if sqldb.EndsWithCtx(d) {
+	if sqldb.TxEndsWithCtx(d) {
 		return onceEnding(ctx, d, opts, fn)
 	}
 	// txCtx is cancelled when ctx ends during BEGIN, and when a COMMIT or
@@ -204,8 +204,8 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 	return e.end("commit", tx.Commit)
 }
 
-// onceEnding is once for a handle whose statements end with their ctx
-// (pgx, natively or through database/sql; see [sqldb.EndsWithCtx]). Its
+// onceEnding is once for a handle whose transactions end with their ctx
+// (pgx, natively or through database/sql; see [sqldb.TxEndsWithCtx]). Its
 // BEGIN, COMMIT and ROLLBACK run under one context of the transaction's
 // own, txCtx, which ctx's end cancels during BEGIN only, and a timer
 // cancels when the COMMIT or ROLLBACK outlives its bound: the driver then
