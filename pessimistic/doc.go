@@ -146,16 +146,24 @@
 // # MySQL and MariaDB
 //
 // The [Locker] also runs on MySQL 8 and MariaDB 10.6 or later, on a handle
-// wrapped by mysqldb.Wrap. Both strengths lock FOR UPDATE: MySQL has no
-// weaker one. The locker begins its transactions at READ COMMITTED unless
-// [Config.Isolation] says otherwise: under InnoDB's default, REPEATABLE READ,
-// a plain read sees the snapshot taken at the transaction's first read, so a
-// lock nested in another guard's fn, after that fn read anything, would let
-// fn read its row as it was before the lock and write back a lost update.
-// In a transaction of yours the isolation is yours: read the locked rows with
-// a locking read, or use READ COMMITTED. [Config.LockTimeout] is refused
-// there: bound waits with ctx or the server's innodb_lock_wait_timeout.
-// Deadlocks (1213) are retried as on PostgreSQL, and NOWAIT's failure (1205
-// on MariaDB, 3572 on MySQL) is [contend.ErrConflict]. The [Advisory] guard
-// runs on PostgreSQL only.
+// wrapped by mysqldb.Wrap. Both strengths lock FOR
+// UPDATE: MySQL has no weaker one. The locker begins its transactions at
+// READ COMMITTED unless [Config.Isolation] says otherwise: under InnoDB's
+// default, REPEATABLE READ, a plain read sees the snapshot taken at the
+// transaction's first read, so a lock nested in another guard's fn, after
+// that fn read anything, would let fn read its row as it was before the lock
+// and write back a lost update. In a transaction of yours the isolation is
+// yours: read the locked rows with a locking read, or use READ COMMITTED.
+//
+// [Config.LockTimeout] is innodb_lock_wait_timeout, which counts whole
+// seconds: the timeout is rounded up to the next second. The setting belongs
+// to the session, which outlives the transaction and goes back to the pool
+// with its connection, so the locker sets it for the lock statement alone and
+// puts the session's own value back right after it, in its transactions and
+// in yours alike: no pooled connection keeps the locker's setting. A lock
+// wait timeout (1205) is [contend.ErrConflict], as PostgreSQL's
+// lock_timeout is, and so is NOWAIT's failure (1205 on MariaDB, 3572 on
+// MySQL); deadlocks (1213) are retried as on PostgreSQL.
+//
+// The [Advisory] guard runs on PostgreSQL only.
 package pessimistic
