@@ -13,7 +13,6 @@ import (
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/mysqldb"
 	"github.com/contend/contend/optimistic"
-	"github.com/contend/contend/pessimistic"
 )
 
 func TestMain(m *testing.M) { testserver.Main(m) }
@@ -135,14 +134,12 @@ func TestQuerierIsTheGuardsTransaction(t *testing.T) {
 }
 
 // The strategies whose statements are PostgreSQL's only (all but atomic and
-// pessimistic's row Locker) refuse a MySQL handle at construction, rather
-// than fail at the first statement.
+// pessimistic) refuse a MySQL handle at construction, rather than fail at
+// the first statement.
 func TestPostgresOnlyStrategiesRefuseMySQL(t *testing.T) {
 	t.Parallel()
 	h := mysqldb.Wrap(open(t, setup(t), true))
-	_, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{})
-	require.ErrorIs(t, err, contend.ErrInvalid)
-	_, err = optimistic.NewGuard(h, optimistic.Config{Table: "products"})
+	_, err := optimistic.NewGuard(h, optimistic.Config{Table: "products"})
 	require.ErrorIs(t, err, contend.ErrInvalid)
 	_, err = optimistic.NewStore[int](h, optimistic.Config{Table: "products"})
 	require.ErrorIs(t, err, contend.ErrInvalid)

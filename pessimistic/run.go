@@ -117,7 +117,13 @@ func (r *runner) lockTimeout() time.Duration {
 // in errors; it is called only when there is an error to report. key is
 // the Key of the events reported, made only when there is an Observer.
 func (r *runner) run(ctx context.Context, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
-	h, err := txn.Resolve(ctx, r.db)
+	return r.runOn(ctx, r.db, what, key, lock, fn)
+}
+
+// runOn is run with its transactions on db instead of the runner's handle:
+// a connection the caller holds for the call (see [Advisory] on MySQL).
+func (r *runner) runOn(ctx context.Context, db sqldb.DB, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
+	h, err := txn.Resolve(ctx, db)
 	if err != nil {
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
@@ -140,9 +146,9 @@ func (r *runner) run(ctx context.Context, what func() string, key func() string,
 		return fn(ctx, tx.DBTX())
 	}
 	if rep == nil {
-		_, err = txn.RunTx(ctx, r.db, r.opts, attempt)
+		_, err = txn.RunTx(ctx, db, r.opts, attempt)
 	} else {
-		err = r.runObserved(ctx, h, rep, attempt)
+		err = r.runObserved(ctx, db, h, rep, attempt)
 	}
 	if err != nil && sqlerr.Retryable(err) && !errors.Is(err, contend.ErrConflict) && context.Cause(ctx) == nil {
 		// fn's own statement was the deadlock victim (or, in a transaction
