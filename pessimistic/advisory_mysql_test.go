@@ -16,6 +16,7 @@ import (
 	"github.com/contend/contend/internal/guardtest"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/txn/txntest"
 	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/mysqldb"
 	"github.com/contend/contend/pessimistic"
@@ -460,6 +461,15 @@ func TestAdvisoryNeedsAPoolOnMariaDB(t *testing.T) {
 	})
 	require.ErrorIs(t, err, contend.ErrInvalid)
 	require.False(t, ran)
+}
+
+func TestAdvisoryLockUnderFaultsOnMariaDB(t *testing.T) {
+	t.Parallel()
+	txntest.RunOnMariaDB(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
+		a, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{FinishTimeout: finish})
+		require.NoError(t, err)
+		return guardOp(a, db)
+	}})
 }
 
 // The Observer hears the same events on MariaDB: the lock had and let go,

@@ -13,6 +13,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/txn/txntest"
 	"github.com/contend/contend/mysqldb"
 	"github.com/contend/contend/pessimistic"
 )
@@ -166,4 +167,13 @@ func TestDeadlockInACallersTransactionIsReturnedOnMariaDB(t *testing.T) {
 	n, ok := sqlerr.MySQLNumber(first)
 	require.True(t, ok)
 	require.EqualValues(t, sqlerr.MySQLDeadlock, n)
+}
+
+func TestRowLockUnderFaultsOnMariaDB(t *testing.T) {
+	t.Parallel()
+	txntest.RunOnMariaDB(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
+		l, err := pessimistic.New(db, pessimistic.Config{Table: txntest.Table, FinishTimeout: finish})
+		require.NoError(t, err)
+		return guardOp(l, db)
+	}})
 }
