@@ -31,10 +31,8 @@
 // # What runs, and what differs from PostgreSQL
 //
 // Package atomic (Update, UpdateN, UpdateSelect, the Claimer),
-// pessimistic's row Locker, package optimistic (Store, Guard) and package
-// adaptive run on a wrapped handle; pessimistic's Advisory runs on
-// PostgreSQL only so far, and refuses it with an error matching
-// [contend.ErrInvalid].
+// pessimistic's row Locker and Advisory guard, package optimistic (Store,
+// Guard) and package adaptive run on a wrapped handle.
 //
 //   - MySQL has no UPDATE ... RETURNING (MariaDB has RETURNING for INSERT and
 //     DELETE only): use atomic.UpdateSelect, which reads the row back in
@@ -44,6 +42,12 @@
 //     adaptive guards begin their transactions at READ COMMITTED, so that
 //     fn's plain reads see the latest commit of the rows it locked, nested
 //     locks included. Row locks are FOR UPDATE only.
+//   - Lock timeouts count whole seconds (innodb_lock_wait_timeout, set
+//     around the lock statement only and put back after it).
+//   - Advisory locks are GET_LOCK's, which belong to a session, not to a
+//     transaction: the Advisory guard holds a connection of the pool per
+//     call, so it takes a pool, not a transaction (package pessimistic says
+//     why).
 //   - A claim's lease column is a DATETIME(6) holding UTC, compared with
 //     the server's UTC_TIMESTAMP(6), so sessions' time zones do not matter.
 //   - Deadlocks (1213), lock wait timeouts (1205, also MariaDB's NOWAIT),

@@ -11,7 +11,6 @@ import (
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/mysqldb"
-	"github.com/contend/contend/pessimistic"
 )
 
 func TestMain(m *testing.M) { testserver.Main(m) }
@@ -130,15 +129,4 @@ func TestQuerierIsTheGuardsTransaction(t *testing.T) {
 	var owner sql.NullString
 	require.NoError(t, db.QueryRow("SELECT owner FROM bots WHERE id = 'b'").Scan(&owner))
 	require.False(t, owner.Valid)
-}
-
-// The strategy whose statements are PostgreSQL's only (pessimistic's
-// advisory locks) refuses a MySQL handle at construction, rather than fail
-// at the first statement.
-func TestPostgresOnlyStrategiesRefuseMySQL(t *testing.T) {
-	t.Parallel()
-	h := mysqldb.Wrap(open(t, setup(t), true))
-	_, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{})
-	require.ErrorIs(t, err, contend.ErrInvalid)
-	require.ErrorContains(t, err, "PostgreSQL only")
 }

@@ -18,18 +18,22 @@ type AdvisoryConfig struct {
 	// once, and the transaction stays usable). Default: Wait.
 	Mode Mode
 	// LockTimeout, when positive, bounds each wait for a lock, as
-	// [Config.LockTimeout] does. Default: 0, bounded by ctx alone.
+	// [Config.LockTimeout] does. On MySQL it is GET_LOCK's timeout, which
+	// counts whole seconds: it is rounded up to the next second. Default:
+	// 0, bounded by ctx alone.
 	LockTimeout time.Duration
 	// Isolation is the isolation level of the transactions the guard
-	// begins. Default: the server's.
+	// begins. Default: the server's; READ COMMITTED on MySQL, as for the
+	// [Locker].
 	Isolation sql.IsolationLevel
 	// Retry bounds the runs of a transaction the guard owns when it fails
 	// with a deadlock or a serialization failure. Default: contend.Retry's
 	// defaults.
 	Retry contend.Retry
 	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
-	// transaction the guard owns, as [Config.FinishTimeout] does. Default:
-	// 5s.
+	// transaction the guard owns, as [Config.FinishTimeout] does; on MySQL,
+	// for the COMMIT or ROLLBACK and the release of the lock after it, in
+	// all. Default: 5s.
 	FinishTimeout time.Duration
 	// Observer, when set, hears what the guard's calls do, as
 	// [Config.Observer] lists; a key held under NoWait is a Conflict.
@@ -60,18 +64,33 @@ type AdvisoryConfig struct {
 // break exclusion.
 //
 // Locks are reentrant within a transaction: a nested call for a key the
-// transaction already holds goes straight in. An Advisory is safe for
-// simultaneous use by multiple goroutines and never closes the db it was
-// given.
+// transaction already holds goes straight in.
+//
+// On MySQL and MariaDB the lock is the server's named lock,
+//
+//	GET_LOCK(CONCAT('contend:', SHA2(key, 224)), timeout)
+//
+// which belongs to a session rather than a transaction: the guard holds a
+// connection of the pool for each call, and fn's transaction commits or
+// rolls back entirely while the lock is held, as on PostgreSQL. The package
+// doc says what else differs; among it, no nesting.
+//
+// An Advisory is safe for simultaneous use by multiple goroutines and
+// never closes the db it was given.
 type Advisory struct {
 	r    runner
 	lock string // $1 key; NoWait: → bool
+	// pool, on MySQL, hands out the connection each call holds its lock
+	// on; nil on PostgreSQL.
+	pool sqldb.ConnPool
 }
 
 var _ contend.Guard = (*Advisory)(nil)
 
 // NewAdvisory validates cfg and returns an advisory guard on db, which is a
-// pool or a caller's transaction, as for [New].
+// pool or a caller's transaction, as for [New]; on MySQL (a handle wrapped
+// by mysqldb.Wrap), a pool that hands out connections: a [*sql.DB] or
+// sqlx's DB.
 func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
 	if cfg.Mode != Wait && cfg.Mode != NoWait {
 		return nil, fmt.Errorf("pessimistic: advisory locks take mode wait or NOWAIT, not %v: %w", cfg.Mode, contend.ErrInvalid)
@@ -80,8 +99,8 @@ func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := sqldb.PostgresOnly(r.db); err != nil {
-		return nil, fmt.Errorf("pessimistic: advisory: %w", err)
+	if r.db.Dialect() == sqldb.MySQL {
+		return newMySQLAdvisory(r)
 	}
 	a := &Advisory{r: r, lock: `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`}
 	if cfg.Mode == NoWait {
@@ -102,6 +121,9 @@ func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Con
 		return fmt.Errorf("pessimistic: advisory lock %q: nil fn: %w", key, contend.ErrInvalid)
 	}
 	what := func() string { return "advisory " + strconv.Quote(key) }
+	if a.pool != nil {
+		return a.lockSession(ctx, key, what, fn)
+	}
 	return a.r.run(ctx, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		if a.r.mode == Wait {
 			_, err := tx.Exec(ctx, a.lock, key)

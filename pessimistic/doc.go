@@ -21,7 +21,7 @@
 // locking the same rows cannot deadlock each other), and [Locker.Claim] takes
 // free rows for work-queue style processing (SKIP LOCKED). An [Advisory]
 // guard locks keys that have no row, with pg_advisory_xact_lock on a hash of
-// the key computed by the server.
+// the key computed by the server (GET_LOCK on MySQL).
 //
 // # Guarantee
 //
@@ -145,17 +145,65 @@
 //
 // # MySQL and MariaDB
 //
-// The [Locker] also runs on MySQL 8 and MariaDB 10.6 or later, on a handle
-// wrapped by mysqldb.Wrap. Both strengths lock FOR UPDATE: MySQL has no
-// weaker one. The locker begins its transactions at READ COMMITTED unless
-// [Config.Isolation] says otherwise: under InnoDB's default, REPEATABLE READ,
-// a plain read sees the snapshot taken at the transaction's first read, so a
-// lock nested in another guard's fn, after that fn read anything, would let
-// fn read its row as it was before the lock and write back a lost update.
-// In a transaction of yours the isolation is yours: read the locked rows with
-// a locking read, or use READ COMMITTED. [Config.LockTimeout] is refused
-// there: bound waits with ctx or the server's innodb_lock_wait_timeout.
-// Deadlocks (1213) are retried as on PostgreSQL, and NOWAIT's failure (1205
-// on MariaDB, 3572 on MySQL) is [contend.ErrConflict]. The [Advisory] guard
-// runs on PostgreSQL only.
+// The [Locker] and the [Advisory] guard also run on MySQL 8 and MariaDB 10.6
+// or later, on a handle wrapped by mysqldb.Wrap. Both strengths lock FOR
+// UPDATE: MySQL has no weaker one. The locker begins its transactions at
+// READ COMMITTED unless [Config.Isolation] says otherwise: under InnoDB's
+// default, REPEATABLE READ, a plain read sees the snapshot taken at the
+// transaction's first read, so a lock nested in another guard's fn, after
+// that fn read anything, would let fn read its row as it was before the lock
+// and write back a lost update. In a transaction of yours the isolation is
+// yours: read the locked rows with a locking read, or use READ COMMITTED.
+//
+// [Config.LockTimeout] is innodb_lock_wait_timeout, which counts whole
+// seconds: the timeout is rounded up to the next second. The setting belongs
+// to the session, which outlives the transaction and goes back to the pool
+// with its connection, so the locker sets it for the lock statement alone and
+// puts the session's own value back right after it, in its transactions and
+// in yours alike: no pooled connection keeps the locker's setting. A lock
+// wait timeout (1205) is [contend.ErrConflict], as PostgreSQL's
+// lock_timeout is, and so is NOWAIT's failure (1205 on MariaDB, 3572 on
+// MySQL); deadlocks (1213) are retried as on PostgreSQL.
+//
+// The [Advisory] guard takes the server's named lock, GET_LOCK, on
+// CONCAT('contend:', SHA2(key, 224)): 64 characters, MySQL's limit on names,
+// whatever the key's length. The same key always gives the same name, so
+// callers of one key always meet on one lock; two keys whose hashes
+// collided would only wait for each other, never both get in. The name is
+// computed by the server, so a program in any language using the same
+// expression (on a utf8mb4 connection) excludes and is excluded by the
+// guard. What differs from pg_advisory_xact_lock:
+//
+//   - The lock belongs to the session, not to the transaction: commit and
+//     rollback leave it held, and a connection given back to the pool while
+//     it holds the lock keeps it: its next user would hold the key without
+//     asking, and nobody else could get it. So each call holds one
+//     connection of the pool: it takes the lock there, runs fn's
+//     transaction on the same connection, releases the lock once that
+//     transaction has committed or rolled back, and gives the connection
+//     back only on the server's word that the lock is released. Otherwise
+//     (the connection broke, the release got no
+//     answer within [AdvisoryConfig.FinishTimeout]) it closes the connection
+//     instead, and the server lets go of the lock as it ends the session.
+//     This gives what pg_advisory_xact_lock gives: fn's transaction commits
+//     or rolls back entirely while the lock is held, and a deadlock in it
+//     runs it again under the same lock.
+//   - It needs a pool (a [*sql.DB] or sqlx's DB): on a transaction of yours
+//     or a single connection it is refused with [contend.ErrInvalid]; calls
+//     sharing one session would all hold the one lock at once. A call in
+//     another guard's fn (ctx carrying its transaction) is refused too: the
+//     lock could not join that transaction, and released when fn returns
+//     it would not cover the transaction's commit. Take the advisory lock
+//     first, and do the work in its fn.
+//   - Names are one space per server, shared by every database on it
+//     (PostgreSQL's advisory locks are per database).
+//   - The wait ends when ctx ends: go-sql-driver/mysql closes the
+//     connection, and the server ends the wait of a closed connection (on
+//     MariaDB within about a second, without handing the lock to it). The
+//     server's own wait is also bounded by ctx's deadline, plus a second,
+//     so that a wait the network cut off ends there too.
+//   - Like a row lock, the named lock dies with its session: a crashed
+//     holder releases it at once. A network that fails silently keeps it
+//     until the server ends the session: MariaDB's idle_transaction_timeout
+//     while fn's transaction is open, wait_timeout otherwise.
 package pessimistic

@@ -5,10 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
@@ -107,34 +107,9 @@ func TestOppositeOrderDeadlockIsRetried(t *testing.T) {
 			db := testserver.DB(t, driver)
 			products(t, db, 10, "a", "b")
 			l := newLocker(t, db, pessimistic.Config{})
-			ctx := t.Context()
+			runs := transferBothWays(t, l, func(ctx context.Context, tx contend.DBTX, key string) error { return sell(ctx, tx, key) })
 
-			var runs atomic.Int32
-			// transfer locks first, says so once, waits until the other
-			// caller holds its first row (both hold one: the cycle is
-			// certain), then locks second.
-			transfer := func(first, second string, mine, theirs chan struct{}, once *sync.Once) error {
-				return l.Lock(ctx, first, func(ctx context.Context, tx contend.DBTX) error {
-					runs.Add(1)
-					once.Do(func() { close(mine) })
-					<-theirs // closed for good after the first run: a retry goes straight on
-					if err := sell(ctx, tx, first); err != nil {
-						return err
-					}
-					return l.Lock(ctx, second, func(ctx context.Context, tx contend.DBTX) error {
-						return sell(ctx, tx, second)
-					})
-				})
-			}
-			aHeld, bHeld := make(chan struct{}), make(chan struct{})
-			var aOnce, bOnce sync.Once
-			errs := make(chan error, 2)
-			go func() { errs <- transfer("a", "b", aHeld, bHeld, &aOnce) }()
-			go func() { errs <- transfer("b", "a", bHeld, aHeld, &bOnce) }()
-			require.NoError(t, <-errs)
-			require.NoError(t, <-errs)
-
-			require.GreaterOrEqual(t, runs.Load(), int32(3), "no deadlock victim ran again")
+			require.GreaterOrEqual(t, runs, int32(3), "no deadlock victim ran again")
 			require.Equal(t, 8, stockOf(t, db, "a"), "the victim's first run left nothing behind")
 			require.Equal(t, 8, stockOf(t, db, "b"))
 		})
@@ -148,38 +123,9 @@ func TestDeadlockInACallersTransactionIsReturned(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "postgres")
 	products(t, db, 10, "a", "b")
-	ctx := t.Context()
-
-	lockBoth := func(first, second string, mine, theirs chan struct{}) error {
-		tx, err := db.BeginTxx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback()
-		l, err := pessimistic.New(tx, pessimistic.Config{Table: "products"})
-		if err != nil {
-			return err
-		}
-		noop := func(context.Context) error { return nil }
-		if err := l.Do(ctx, first, noop); err != nil {
-			return err
-		}
-		close(mine)
-		<-theirs
-		if err := l.Do(ctx, second, noop); err != nil {
-			return err
-		}
-		return tx.Commit()
-	}
-	aHeld, bHeld := make(chan struct{}), make(chan struct{})
-	errs := make(chan error, 2)
-	go func() { errs <- lockBoth("a", "b", aHeld, bHeld) }()
-	go func() { errs <- lockBoth("b", "a", bHeld, aHeld) }()
-	first, second := <-errs, <-errs
-	if first == nil {
-		first, second = second, first
-	}
-	require.NoError(t, second, "the survivor commits")
+	first := deadlockInCallersTx(t, db, func(tx *sqlx.Tx) (*pessimistic.Locker, error) {
+		return pessimistic.New(tx, pessimistic.Config{Table: "products"})
+	})
 	require.ErrorIs(t, first, contend.ErrConflict)
 	require.Equal(t, sqlerr.DeadlockDetected, sqlerr.Code(first))
 	require.ErrorContains(t, first, "deadlock")

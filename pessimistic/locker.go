@@ -66,7 +66,9 @@ type Config struct {
 	// after it, also when the lock answers "no" without an error (a row held
 	// under SkipLocked, a missing row); a lock the server fails with an
 	// error aborts the transaction, and the caller's rollback (of it, or to
-	// a savepoint) undoes the setting.
+	// a savepoint) undoes the setting. On MySQL it is
+	// innodb_lock_wait_timeout, which counts whole seconds (rounded up),
+	// and covers the lock statement only (see the package doc).
 	LockTimeout time.Duration
 	// Isolation is the isolation level of the transactions the locker
 	// begins. Under REPEATABLE READ or SERIALIZABLE a lock on a row another

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 )
@@ -25,14 +24,9 @@ import (
 // transaction ends.
 //
 // There is no FOR NO KEY UPDATE: both strengths lock FOR UPDATE. The lock
-// timeout is the server's innodb_lock_wait_timeout, which is
-// session-scoped: LockTimeout is refused rather than left set on a pooled
-// connection.
+// timeout is innodb_lock_wait_timeout, set around the lock statement and put
+// back after it (runner.lockMySQL).
 func newMySQLLocker(r runner, cfg Config) (*Locker, error) {
-	if cfg.LockTimeout > 0 {
-		return nil, fmt.Errorf("pessimistic: lock timeout on MySQL: bound waits with the server's innodb_lock_wait_timeout, "+
-			"or ctx: %w", contend.ErrInvalid)
-	}
 	table, err := sqlident.QuoteIn(sqldb.MySQL, "pessimistic: table", cfg.Table)
 	if err != nil {
 		return nil, err

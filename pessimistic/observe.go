@@ -91,10 +91,11 @@ func (r *report) end(ctx context.Context, mode Mode, err error) {
 	case cerr != nil && errors.Is(err, cerr):
 		e.Kind = contend.EventGaveUp
 	case mode == NoWait && sqlerr.Code(r.lockErr) == sqlerr.LockNotAvailable,
-		errors.Is(r.lockErr, contend.ErrConflict), // SKIP LOCKED, try lock
+		mode != Wait && errors.Is(r.lockErr, contend.ErrConflict), // SKIP LOCKED, try lock
 		retryable && r.joined:
 		e.Kind = contend.EventConflict
-	case sqlerr.Code(r.lockErr) == sqlerr.LockNotAvailable, retryable:
+	case sqlerr.Code(r.lockErr) == sqlerr.LockNotAvailable, retryable,
+		errors.Is(r.lockErr, contend.ErrConflict): // GET_LOCK's timeout
 		e.Kind = contend.EventGaveUp // lock_timeout, or retries run out
 	default:
 		e.Kind = contend.EventFailed
@@ -105,10 +106,10 @@ func (r *report) end(ctx context.Context, mode Mode, err error) {
 // runObserved is the runner's txn.RunTx for a call with a report: the same
 // transactions and retries, one attempt at a time, so that each is
 // reported.
-func (r *runner) runObserved(ctx context.Context, h txn.Handle, rep *report, attempt func(context.Context, sqldb.Tx) error) error {
+func (r *runner) runObserved(ctx context.Context, db sqldb.DB, h txn.Handle, rep *report, attempt func(context.Context, sqldb.Tx) error) error {
 	try := func(ctx context.Context, opts txn.Options) error {
 		rep.attempt()
-		_, err := txn.RunTx(ctx, r.db, opts, attempt)
+		_, err := txn.RunTx(ctx, db, opts, attempt)
 		rep.ended(ctx, err)
 		return err
 	}

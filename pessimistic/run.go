@@ -3,6 +3,7 @@ package pessimistic
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -54,7 +55,9 @@ type runner struct {
 	opts    txn.Options
 	mode    Mode
 	timeout time.Duration // 0: the server's lock_timeout applies
-	// setTimeout is "SET LOCAL lock_timeout = <ms>", "" without a timeout.
+	// setTimeout sets the lock timeout: "SET LOCAL lock_timeout = <ms>" on
+	// PostgreSQL, setMySQLTimeout's statement on MySQL; "" without a
+	// timeout.
 	setTimeout string
 	observer   contend.Observer // nil: report nothing
 }
@@ -72,7 +75,11 @@ func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolatio
 	}
 	r := runner{db: d, mode: mode, timeout: timeout, observer: observer,
 		opts: txn.Options{Tx: d.Dialect().GuardTx(isolation), Retry: retry, FinishTimeout: finish}}
-	if timeout > 0 {
+	switch {
+	case timeout <= 0:
+	case d.Dialect() == sqldb.MySQL:
+		r.setTimeout = fmt.Sprintf(setMySQLTimeout, timeoutSeconds(timeout))
+	default:
 		// PostgreSQL counts lock_timeout in whole milliseconds, and 0 turns
 		// it off: round up, so a tiny timeout stays a timeout.
 		r.setTimeout = "SET LOCAL lock_timeout = " + strconv.FormatInt(timeoutMillis(timeout), 10)
@@ -84,6 +91,21 @@ func timeoutMillis(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
+// timeoutSeconds is d in the whole seconds MySQL counts lock waits in
+// (innodb_lock_wait_timeout, GET_LOCK's timeout), rounded up: 0 would mean
+// NOWAIT, and a short timeout must stay a wait.
+func timeoutSeconds(d time.Duration) int64 {
+	return max(1, int64((d+time.Second-1)/time.Second))
+}
+
+// lockTimeout is the configured lock timeout as the server applies it.
+func (r *runner) lockTimeout() time.Duration {
+	if r.db.Dialect() == sqldb.MySQL {
+		return time.Duration(timeoutSeconds(r.timeout)) * time.Second
+	}
+	return r.timeout
+}
+
 // run takes the lock with lock, then runs fn, both in one transaction: the
 // one ctx carries when the locker works on a pool (a nested call joins the
 // transaction of the call around it, so the server sees every lock of the
@@ -93,7 +115,13 @@ func timeoutMillis(d time.Duration) int64 {
 // in errors; it is called only when there is an error to report. key is
 // the Key of the events reported, made only when there is an Observer.
 func (r *runner) run(ctx context.Context, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
-	h, err := txn.Resolve(ctx, r.db)
+	return r.runOn(ctx, r.db, what, key, lock, fn)
+}
+
+// runOn is run with its transactions on db instead of the runner's handle:
+// a connection the caller holds for the call (see [Advisory] on MySQL).
+func (r *runner) runOn(ctx context.Context, db sqldb.DB, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
+	h, err := txn.Resolve(ctx, db)
 	if err != nil {
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
@@ -122,9 +150,9 @@ func (r *runner) run(ctx context.Context, what func() string, key func() string,
 		return fn(ctx, tx.DBTX())
 	}
 	if rep == nil {
-		_, err = txn.RunTx(ctx, r.db, r.opts, attempt)
+		_, err = txn.RunTx(ctx, db, r.opts, attempt)
 	} else {
-		err = r.runObserved(ctx, h, rep, attempt)
+		err = r.runObserved(ctx, db, h, rep, attempt)
 	}
 	if err != nil && sqlerr.Retryable(err) && !errors.Is(err, contend.ErrConflict) && context.Cause(ctx) == nil {
 		// fn's own statement was the deadlock victim (or, in a transaction
@@ -147,6 +175,9 @@ func (r *runner) run(ctx context.Context, what func() string, key func() string,
 func (r *runner) lock(ctx context.Context, tx sqldb.Tx, owned bool, lock func(context.Context, sqldb.Tx) error) error {
 	if r.setTimeout == "" {
 		return lock(ctx, tx)
+	}
+	if r.db.Dialect() == sqldb.MySQL {
+		return r.lockMySQL(ctx, tx, lock)
 	}
 	if owned {
 		if _, err := tx.Exec(ctx, r.setTimeout); err != nil {
@@ -202,7 +233,7 @@ func (r *runner) classify(ctx context.Context, what func() string, err error) er
 		case r.mode == NoWait:
 			why = "held by another transaction (NOWAIT)"
 		case r.timeout > 0:
-			why = "still held after the lock timeout of " + r.timeout.String()
+			why = "still held after the lock timeout of " + r.lockTimeout().String()
 		default:
 			why = "not available within the server's lock_timeout"
 		}
@@ -214,4 +245,45 @@ func (r *runner) classify(ctx context.Context, what func() string, err error) er
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
 	return fmt.Errorf("pessimistic: lock %s: %s: %w (%w)", what(), why, contend.ErrConflict, err)
+}
+
+// The lock timeout on MySQL is innodb_lock_wait_timeout, a variable of the
+// session, in whole seconds, which outlives the transaction: set for the
+// lock and left, it would go back to the pool with the connection and bound
+// the waits of whoever uses it next. So it is set right before the lock
+// statement and put back right after it, in one statement each, whatever
+// the lock did (a lock wait timeout undoes the statement, a deadlock the
+// transaction; neither ends the session). It covers the lock only, in a
+// transaction of the locker's or the caller's alike.
+//
+// SET STATEMENT ... FOR would need no restoring, but only MariaDB has it;
+// these two statements run on MySQL 8 as well.
+const (
+	setMySQLTimeout = "SET @contend_lock_wait_timeout = @@SESSION.innodb_lock_wait_timeout, " +
+		"SESSION innodb_lock_wait_timeout = %d"
+	restoreMySQLTimeout = "SET SESSION innodb_lock_wait_timeout = @contend_lock_wait_timeout, " +
+		"@contend_lock_wait_timeout = NULL"
+)
+
+// lockMySQL runs lock under innodb_lock_wait_timeout set for it (see
+// setMySQLTimeout). The setting is put back even when ctx ended during the
+// lock, under a grace of its own, unless the connection is gone: then the
+// driver closed it (go-sql-driver/mysql does when a statement's ctx ends),
+// and the pool discards it with its setting. Either way no connection goes
+// back to the pool with the locker's setting.
+func (r *runner) lockMySQL(ctx context.Context, tx sqldb.Tx, lock func(context.Context, sqldb.Tx) error) error {
+	if _, err := tx.Exec(ctx, r.setTimeout); err != nil {
+		return fmt.Errorf("set innodb_lock_wait_timeout: %w", err)
+	}
+	err := lock(ctx, tx)
+	restoreCtx := ctx
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		restoreCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), txn.CancelGrace)
+		defer cancel()
+	}
+	if _, rerr := tx.Exec(restoreCtx, restoreMySQLTimeout); rerr != nil && !errors.Is(rerr, driver.ErrBadConn) {
+		return errors.Join(err, fmt.Errorf("restore innodb_lock_wait_timeout: %w", rerr))
+	}
+	return err
 }

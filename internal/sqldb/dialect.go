@@ -124,14 +124,3 @@ func refuseBareMySQL(db contend.DBTX) error {
 	return fmt.Errorf("db is a %T of go-sql-driver/mysql: wrap it once with mysqldb.Wrap, which states the dialect "+
 		"and checks the DSN has clientFoundRows=true: %w", db, contend.ErrInvalid)
 }
-
-// PostgresOnly returns an error matching [contend.ErrInvalid] when d is
-// not a PostgreSQL handle: for the strategies whose statements exist in
-// PostgreSQL's words only, so that a MySQL handle is refused at
-// construction rather than failing, or worse, at its first statement.
-func PostgresOnly(d DB) error {
-	if d.Dialect() == Postgres {
-		return nil
-	}
-	return fmt.Errorf("a %s handle: this strategy runs on PostgreSQL only: %w", d.Dialect(), contend.ErrInvalid)
-}

@@ -19,10 +19,35 @@ type Beginner interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
-// conner is a pool that hands out connections of its own: [*sql.DB] and
+// ConnPool is a pool that hands out connections of its own: [*sql.DB] and
 // sqlx's DB.
-type conner interface {
+type ConnPool interface {
 	Conn(ctx context.Context) (*sql.Conn, error)
+}
+
+// PoolOf returns the database/sql pool d is, when it hands out connections
+// of its own ([ConnPool]): for statements whose effects belong to a session
+// rather than to a transaction, which must run on one connection held for
+// the purpose. ok is false for a transaction, a single connection, a
+// wrapper of the caller's, and pgx.
+func PoolOf(d DB) (p ConnPool, ok bool) {
+	s, ok := d.(stdDB)
+	if !ok || s.tx != nil {
+		return nil, false
+	}
+	p, ok = s.db.(ConnPool)
+	return p, ok
+}
+
+// Discard closes c and has its pool close the connection instead of keeping
+// it, so that no later user of the pool inherits its session: one that may
+// hold a session-level lock, or whose state is unknown. It waits for a
+// statement still running on c; the server ends the session, and lets go of
+// what it held, once it sees the connection close.
+func Discard(c *sql.Conn) {
+	// An error of driver.ErrBadConn from Raw is the documented way to have
+	// database/sql close the connection rather than pool it.
+	_ = c.Raw(func(any) error { return driver.ErrBadConn })
 }
 
 type preparer interface {
@@ -152,7 +177,7 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 	// statements, its COMMIT, and the wait for a connection end with their
 	// ctx.
 	var conn *sql.Conn
-	if p, ok := b.(conner); ok && !d.txEnds {
+	if p, ok := b.(ConnPool); ok && !d.txEnds {
 		c, err := p.Conn(ctx)
 		if err != nil {
 			return nil, err
@@ -174,7 +199,7 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 }
 
 func (d stdDB) Acquire(ctx context.Context) (Conn, error) {
-	p, ok := d.db.(conner)
+	p, ok := d.db.(ConnPool)
 	if !ok {
 		return stdConn{stdQuerier: d.stdQuerier}, nil
 	}

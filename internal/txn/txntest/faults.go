@@ -62,9 +62,45 @@ const (
 	Bound    = Deadline + txn.CancelGrace + Finish
 )
 
-// Add adds 1 to key's n through q.
-func Add(ctx context.Context, q sqldb.Querier, key string) error {
-	_, err := q.Exec(ctx, `UPDATE `+Table+` SET n = n + 1 WHERE id = $1`, key)
+// statements are what the fault cases say to a server, in its dialect.
+type statements struct {
+	schema, insert, increment, count string
+	// free reports whether nothing holds key (see [Free]).
+	free func(ctx context.Context, direct *sqlx.DB, key string) (bool, error)
+}
+
+var postgres = statements{
+	schema:    schemaSQL,
+	insert:    `INSERT INTO ` + Table + ` (id) VALUES ($1)`,
+	increment: `UPDATE ` + Table + ` SET n = n + 1 WHERE id = $1`,
+	count:     `SELECT n FROM ` + Table + ` WHERE id = $1`,
+	free:      Free,
+}
+
+// mariaDB's lease is a DATETIME(6) holding UTC, as atomic's claim on MySQL
+// keeps it.
+var mariaDB = statements{
+	schema: `CREATE TABLE ` + Table + ` (
+	id varchar(191) PRIMARY KEY,
+	n int NOT NULL DEFAULT 0,
+	version bigint NOT NULL DEFAULT 0,
+	owner varchar(191),
+	lease datetime(6))`,
+	insert:    `INSERT INTO ` + Table + ` (id) VALUES (?)`,
+	increment: `UPDATE ` + Table + ` SET n = n + 1 WHERE id = ?`,
+	count:     `SELECT n FROM ` + Table + ` WHERE id = ?`,
+	free:      FreeOnMariaDB,
+}
+
+func statementsOf(driver string) statements {
+	if testserver.Dialect(driver) == sqldb.MySQL {
+		return mariaDB
+	}
+	return postgres
+}
+
+func (st statements) add(ctx context.Context, q sqldb.Querier, key string) error {
+	_, err := q.Exec(ctx, st.increment, key)
 	return err
 }
 
@@ -75,26 +111,27 @@ type scene struct {
 	proxy  *faultproxy.Proxy
 	op     Op
 	key    string
+	sql    statements
 }
 
 // newRow creates Table if need be and a row in it, and returns its key:
 // one of its own per test, since advisory locks are the whole database's.
-func newRow(t *testing.T, direct *sqlx.DB) string {
+func newRow(t *testing.T, direct *sqlx.DB, st statements) string {
 	t.Helper()
 	key := testserver.RandomName("k-")
-	_, err := direct.Exec(strings.Replace(schemaSQL, "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
+	_, err := direct.Exec(strings.Replace(st.schema, "CREATE TABLE", "CREATE TABLE IF NOT EXISTS", 1))
 	require.NoError(t, err)
-	_, err = direct.Exec(`INSERT INTO `+Table+` (id) VALUES ($1)`, key)
+	_, err = direct.Exec(st.insert, key)
 	require.NoError(t, err)
 	return key
 }
 
 // addThen is the fn of the fault cases: it adds 1 to key's n through q (when
 // the guard hands it one), then lets fault strike.
-func addThen(key string, fault func(ctx context.Context, q sqldb.Querier) error) Fn {
+func addThen(st statements, key string, fault func(ctx context.Context, q sqldb.Querier) error) Fn {
 	return func(ctx context.Context, q sqldb.Querier) error {
 		if q != nil {
-			if err := Add(ctx, q, key); err != nil {
+			if err := st.add(ctx, q, key); err != nil {
 				return err
 			}
 		}
@@ -104,11 +141,12 @@ func addThen(key string, fault func(ctx context.Context, q sqldb.Querier) error)
 
 func newScene(t *testing.T, s Subject, driver string) scene {
 	t.Helper()
-	url := testserver.Postgres(t)
+	url := testserver.URL(t, driver)
 	direct := testserver.Open(t, driver, url)
-	key := newRow(t, direct)
+	st := statementsOf(driver)
+	key := newRow(t, direct, st)
 	proxy, proxied := Proxied(t, url)
-	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Handle(t, driver, proxied), Finish), key: key}
+	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Handle(t, driver, proxied), Finish), key: key, sql: st}
 	// Before the subject's own cleanup: a statement still waiting on a
 	// silent connection would hold it (closing a prepared statement waits).
 	t.Cleanup(proxy.Reset)
@@ -144,10 +182,7 @@ func Run(t *testing.T, s Subject) {
 		for _, driver := range testserver.AllDrivers {
 			t.Run(driver, func(t *testing.T) {
 				t.Parallel()
-				t.Run("reset mid-transaction", func(t *testing.T) { reset(t, s, driver) })
-				t.Run("silence during commit", func(t *testing.T) { silence(t, s, driver) })
-				t.Run("silence from the start", func(t *testing.T) { silentStart(t, s, driver) })
-				t.Run("latency", func(t *testing.T) { latency(t, s, driver) })
+				network(t, s, driver)
 			})
 		}
 	})
@@ -168,6 +203,21 @@ func Run(t *testing.T, s Subject) {
 			t.Run(driver, func(t *testing.T) { restarted(t, s, pg, driver) })
 		}
 	})
+}
+
+// RunOnMariaDB puts s through the network faults of [Run] on MariaDB
+// (testserver.MariaDBDriver, a pool wrapped by mysqldb.Wrap), through a
+// fault proxy in front of the server, checking the same promises. The
+// process and restart faults are run on PostgreSQL only: they say nothing
+// of the dialect, and the MariaDB server is shared.
+func RunOnMariaDB(t *testing.T, s Subject) { network(t, s, testserver.MariaDBDriver) }
+
+// network runs the network faults under driver, one after the other.
+func network(t *testing.T, s Subject, driver string) {
+	t.Run("reset mid-transaction", func(t *testing.T) { reset(t, s, driver) })
+	t.Run("silence during commit", func(t *testing.T) { silence(t, s, driver) })
+	t.Run("silence from the start", func(t *testing.T) { silentStart(t, s, driver) })
+	t.Run("latency", func(t *testing.T) { latency(t, s, driver) })
 }
 
 // outcome is what one Op did.
@@ -195,7 +245,7 @@ func run(t *testing.T, ctx context.Context, sc scene, fn Fn, limit time.Duration
 func count(t *testing.T, sc scene) int {
 	t.Helper()
 	var n int
-	require.NoError(t, sc.direct.Get(&n, `SELECT n FROM `+Table+` WHERE id = $1`, sc.key))
+	require.NoError(t, sc.direct.Get(&n, sc.sql.count, sc.key))
 	return n
 }
 
@@ -221,12 +271,31 @@ func Free(ctx context.Context, direct *sqlx.DB, key string) (bool, error) {
 	return unclaimed && advisory, nil
 }
 
+// FreeOnMariaDB is [Free] on MariaDB, where the advisory lock is GET_LOCK's
+// on CONCAT('contend:', SHA2(key, 224)), as pessimistic's guard names it.
+func FreeOnMariaDB(ctx context.Context, direct *sqlx.DB, key string) (bool, error) {
+	tx, err := direct.BeginTxx(ctx, nil)
+	if err != nil {
+		return false, err
+	}
+	defer tx.Rollback()
+	var unclaimed bool
+	if err := tx.GetContext(ctx, &unclaimed, `SELECT owner IS NULL OR lease < UTC_TIMESTAMP(6) FROM `+Table+` WHERE id = ? FOR UPDATE NOWAIT`, key); err != nil {
+		return false, nil // held (1205)
+	}
+	var advisory bool
+	if err := tx.GetContext(ctx, &advisory, `SELECT IS_FREE_LOCK(CONCAT('contend:', SHA2(?, 224)))`, key); err != nil {
+		return false, err
+	}
+	return unclaimed && advisory, nil
+}
+
 // requireFreeWithin fails t unless key is free within d.
 func requireFreeWithin(t *testing.T, sc scene, d time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	require.Eventually(t, func() bool {
-		free, err := Free(t.Context(), sc.direct, sc.key)
+		free, err := sc.sql.free(t.Context(), sc.direct, sc.key)
 		return err == nil && free
 	}, d, 10*time.Millisecond, "still held %v after the fault", d)
 	return time.Since(start)
@@ -250,7 +319,7 @@ func reset(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(sc.key, func(ctx context.Context, q sqldb.Querier) error {
+	o := run(t, ctx, sc, addThen(sc.sql, sc.key, func(ctx context.Context, q sqldb.Querier) error {
 		sc.proxy.Reset()
 		return nextStatement(ctx, q)
 	}), Bound)
@@ -278,7 +347,7 @@ func silence(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, sqldb.Querier) error {
+	o := run(t, ctx, sc, addThen(sc.sql, sc.key, func(context.Context, sqldb.Querier) error {
 		sc.proxy.Blackhole()
 		return nil
 	}), Bound)
@@ -302,7 +371,7 @@ func silentStart(t *testing.T, s Subject, driver string) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), Deadline)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(sc.key, func(context.Context, sqldb.Querier) error { return nil }), Bound)
+	o := run(t, ctx, sc, addThen(sc.sql, sc.key, func(context.Context, sqldb.Querier) error { return nil }), Bound)
 	t.Logf("%s: Do returned after %v: %v", driver, o.took, o.err)
 	require.ErrorIs(t, o.err, context.DeadlineExceeded)
 	require.Less(t, o.took, Bound+Slack)
@@ -319,7 +388,7 @@ func latency(t *testing.T, s Subject, driver string) {
 	defer cancel()
 	o := run(t, ctx, sc, func(ctx context.Context, q sqldb.Querier) error {
 		if q != nil {
-			return Add(ctx, q, sc.key)
+			return sc.sql.add(ctx, q, sc.key)
 		}
 		return nil
 	}, 5*time.Second)

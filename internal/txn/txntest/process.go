@@ -35,7 +35,7 @@ func hold(t *testing.T, s Subject, orders string) {
 	op := s.New(t, testserver.Handle(t, driver, url), Finish)
 	ctx, cancel := context.WithTimeout(context.Background(), HolderDeadline)
 	defer cancel()
-	err := op(ctx, key, addThen(key, func(ctx context.Context, _ sqldb.Querier) error {
+	err := op(ctx, key, addThen(postgres, key, func(ctx context.Context, _ sqldb.Querier) error {
 		fmt.Println("holding")
 		<-ctx.Done()
 		return context.Cause(ctx)
@@ -59,12 +59,12 @@ func holderScene(t *testing.T, s Subject, driver string) (scene, string) {
 	url := testserver.Postgres(t)
 	_, proxied := Proxied(t, url) // for its URL's settings; the proxy stays healthy
 	direct := testserver.Open(t, driver, url)
-	key := newRow(t, direct) // before New: the claimer prepares on the table
+	key := newRow(t, direct, postgres) // before New: the claimer prepares on the table
 	var h contend.DB = direct
 	if driver == testserver.PgxNative {
 		h = testserver.Handle(t, driver, url)
 	}
-	return scene{direct: direct, op: s.New(t, h, Finish), key: key}, proxied
+	return scene{direct: direct, op: s.New(t, h, Finish), key: key, sql: postgres}, proxied
 }
 
 // takeOver runs the subject for the key until it gets in, trying again after
@@ -75,7 +75,7 @@ func takeOver(t *testing.T, sc scene, limit time.Duration) (time.Time, error) {
 	for {
 		err := sc.op(ctx, sc.key, func(ctx context.Context, q sqldb.Querier) error {
 			if q != nil {
-				return Add(ctx, q, sc.key)
+				return sc.sql.add(ctx, q, sc.key)
 			}
 			return nil
 		})
@@ -152,12 +152,12 @@ func stopped(t *testing.T, s Subject, driver string) {
 // works again after.
 func restarted(t *testing.T, s Subject, pg *testserver.OwnedPostgres, driver string) {
 	direct := testserver.Open(t, driver, pg.URL())
-	key := newRow(t, direct)
-	sc := scene{direct: direct, op: s.New(t, testserver.Handle(t, driver, pg.URL()), Finish), key: key}
+	key := newRow(t, direct, postgres)
+	sc := scene{direct: direct, op: s.New(t, testserver.Handle(t, driver, pg.URL()), Finish), key: key, sql: postgres}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	o := run(t, ctx, sc, addThen(key, func(ctx context.Context, q sqldb.Querier) error {
+	o := run(t, ctx, sc, addThen(postgres, key, func(ctx context.Context, q sqldb.Querier) error {
 		if err := pg.Restart(); err != nil {
 			return fmt.Errorf("restart: %w", err)
 		}

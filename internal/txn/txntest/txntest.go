@@ -21,13 +21,15 @@ import (
 type Wrapped struct{ contend.DBTX }
 
 // IdleInTransaction is the idle_in_transaction_session_timeout of the
-// sessions [Proxied] opens: how long the server keeps a transaction whose
-// client has gone silent before it ends the session and lets go of its locks.
+// sessions [Proxied] opens (MariaDB's idle_transaction_timeout, in whole
+// seconds): how long the server keeps a transaction whose client has gone
+// silent before it ends the session and lets go of its locks.
 const IdleInTransaction = time.Second
 
-// Proxied starts a fault proxy in front of the server that url names and
-// returns it with url pointed at it. The sessions opened through it end on
-// the server after [IdleInTransaction] spent idle in a transaction.
+// Proxied starts a fault proxy in front of the server that url names (a
+// PostgreSQL URL, or a mysql:// URL of MariaDB) and returns it with url
+// pointed at it. The sessions opened through it end on the server after
+// [IdleInTransaction] spent idle in a transaction.
 func Proxied(t testing.TB, url string) (*faultproxy.Proxy, string) {
 	t.Helper()
 	u, err := neturl.Parse(url)
@@ -35,7 +37,11 @@ func Proxied(t testing.TB, url string) (*faultproxy.Proxy, string) {
 	p := faultproxy.Start(t, u.Host)
 	u.Host = p.Addr()
 	q := u.Query()
-	q.Set("idle_in_transaction_session_timeout", strconv.FormatInt(IdleInTransaction.Milliseconds(), 10))
+	if u.Scheme == "mysql" {
+		q.Set("idle_transaction_timeout", strconv.FormatInt(int64(IdleInTransaction/time.Second), 10))
+	} else {
+		q.Set("idle_in_transaction_session_timeout", strconv.FormatInt(IdleInTransaction.Milliseconds(), 10))
+	}
 	u.RawQuery = q.Encode()
 	return p, u.String()
 }
