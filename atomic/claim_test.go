@@ -256,7 +256,7 @@ func TestDoReportsAClaimGoneAtRelease(t *testing.T) {
 func TestClaimUnderContention(t *testing.T) {
 	for _, driver := range testserver.PathDrivers {
 		t.Run(driver, func(t *testing.T) {
-			const rounds = 25
+			const rounds = 10
 			keys := make([]string, rounds)
 			for i := range keys {
 				keys[i] = "bot-" + strconv.Itoa(i)
