@@ -71,7 +71,8 @@ type Options struct {
 	// Keys are the key counts: 1 is the hot key, more are spread at random.
 	// Default: 1, 1000.
 	Keys []int
-	// Strategies to run. Default: all of allStrategies.
+	// Strategies to run. Default: defaultStrategies, every one but the
+	// MariaDB ones.
 	Strategies []string
 	// Workloads to run. Default: all of allWorkloads.
 	Workloads []string
@@ -101,7 +102,7 @@ func (o Options) withDefaults() Options {
 		o.Keys = []int{1, 1000}
 	}
 	if len(o.Strategies) == 0 {
-		o.Strategies = allStrategies
+		o.Strategies = defaultStrategies
 	}
 	if len(o.Workloads) == 0 {
 		o.Workloads = allWorkloads
@@ -155,11 +156,15 @@ func (o Options) validate() error {
 	return errors.Join(errs...)
 }
 
-// quick is the smoke run's grid: every strategy and workload, the hot key and
-// a few spread keys, from 8 workers (enough to contend; one worker would add
-// a cell per strategy that races with nobody), short cells. Every invariant
-// is still checked.
+// quick is the smoke run's grid: every workload, under every strategy
+// (the MariaDB ones too) unless the strategies are named, on
+// the hot key and a few spread keys, from 8 workers (enough to contend; one
+// worker would add a cell per strategy that races with nobody), short cells.
+// Every invariant is still checked.
 func quick(o Options) Options {
+	if len(o.Strategies) == 0 {
+		o.Strategies = allStrategies
+	}
 	o.Duration = 150 * time.Millisecond
 	o.Workers = []int{8}
 	o.Keys = []int{1, 100}
@@ -173,12 +178,14 @@ func main() {
 	var (
 		o                          Options
 		workers, keys, strats, wls string
-		quickRun                   bool
+		quickRun, withMariaDB      bool
 	)
 	flag.DurationVar(&o.Duration, "duration", 800*time.Millisecond, "how long each cell runs")
 	flag.StringVar(&workers, "workers", "1,8,64", "goroutines per process, comma-separated")
 	flag.StringVar(&keys, "keys", "1,1000", "key counts, comma-separated: 1 is the hot key, more are spread")
-	flag.StringVar(&strats, "strategies", strings.Join(allStrategies, ","), "strategies to run")
+	flag.StringVar(&strats, "strategies", "", "strategies to run, of "+strings.Join(allStrategies, ",")+
+		" (default: all but the -mariadb ones)")
+	flag.BoolVar(&withMariaDB, "mariadb", false, "also run the strategies on MariaDB: "+strings.Join(mariadbStrategies, ","))
 	flag.StringVar(&wls, "workloads", strings.Join(allWorkloads, ","), "workloads to run")
 	flag.IntVar(&o.Processes, "processes", 1, "processes running each cell at once")
 	flag.IntVar(&o.Rounds, "rounds", 1, "runs of the whole grid; each cell reports its median round")
@@ -197,6 +204,16 @@ func main() {
 	o.Strategies, o.Workloads = splitList(strats), splitList(wls)
 	if quickRun {
 		o = quick(o)
+	}
+	if withMariaDB {
+		if len(o.Strategies) == 0 {
+			o.Strategies = slices.Clone(defaultStrategies)
+		}
+		for _, s := range mariadbStrategies {
+			if !slices.Contains(o.Strategies, s) {
+				o.Strategies = append(o.Strategies, s)
+			}
+		}
 	}
 	o.Command = "go run ./examples/bench " + strings.Join(os.Args[1:], " ")
 	o.Stdout, o.Progress = os.Stdout, os.Stderr
