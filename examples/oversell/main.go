@@ -592,18 +592,24 @@ func createSchema(ctx context.Context, server string) (schemaURL string, drop fu
 	q.Set("search_path", name) // sent to the server as a run-time setting
 	u.RawQuery = q.Encode()
 	execute := func(ctx context.Context, stmt string) error {
-		db, err := sqlx.Open("pgx", server)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		_, err = db.ExecContext(ctx, stmt)
-		return err
+		return execOnce(ctx, func() (*sql.DB, error) { return sql.Open("pgx", server) }, stmt)
 	}
 	if err := execute(ctx, "CREATE SCHEMA "+name); err != nil {
 		return "", nil, fmt.Errorf("create schema: %w", err)
 	}
 	return u.String(), func() error { return execute(context.WithoutCancel(ctx), "DROP SCHEMA "+name+" CASCADE") }, nil
+}
+
+// execOnce runs stmt on a pool of its own, opened by open on the server
+// (not the run's schema or database), and closes the pool.
+func execOnce(ctx context.Context, open func() (*sql.DB, error), stmt string) error {
+	db, err := open()
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, stmt)
+	return err
 }
 
 // mysqlConfig is the driver's config for a mysql://user:password@host:port/database URL.
@@ -628,13 +634,7 @@ func createDatabase(ctx context.Context, server string) (dbURL string, drop func
 		return "", nil, err
 	}
 	execute := func(ctx context.Context, stmt string) error {
-		db, err := mysqldb.Open(cfg)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		_, err = db.ExecContext(ctx, stmt)
-		return err
+		return execOnce(ctx, func() (*sql.DB, error) { return mysqldb.Open(cfg) }, stmt)
 	}
 	if err := execute(ctx, "CREATE DATABASE "+name); err != nil {
 		return "", nil, fmt.Errorf("create database: %w", err)
