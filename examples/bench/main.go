@@ -54,7 +54,7 @@
 //	go run ./examples/bench -quick           # the smoke run CI executes
 //	go run ./examples/bench -processes 3 -strategies atomic,naive
 //	go run ./examples/bench -rounds 3        # each cell's median of three passes over the grid
-//	go run ./examples/bench -mariadb         # the default grid and the MariaDB strategies, about 3½ minutes
+//	go run ./examples/bench -mariadb         # the default grid and the MariaDB strategies, about 4 minutes
 //
 // It writes results.md and one chart per workload (SVG and PNG: throughput
 // and p99 against workers, hot key beside spread keys) to -out. Servers are
