@@ -84,7 +84,7 @@ func logRun(t *testing.T, res harness.Result, c counter) {
 		res.Successes, res.Conflicts, res.Errors, c.N, c.Version, res.Percentile(.5), res.Percentile(.99), res.Throughput())
 }
 
-// 1536 increments of one counter from 64 goroutines × 3 processes (the load
+// 768 increments of one counter from 64 goroutines × 3 processes (the load
 // under which the naive increment loses updates), each process's guard
 // deciding for itself when the key went hot: every increment lands, none is
 // lost, each moved the version once. On pgx native; the mixed-mode tests
@@ -92,7 +92,7 @@ func logRun(t *testing.T, res harness.Result, c counter) {
 func TestNoLostUpdateUnderContention(t *testing.T) {
 	for _, driver := range []string{testserver.PgxNative} {
 		t.Run(driver, func(t *testing.T) {
-			const total = 3 * 64 * 8
+			const total = 3 * 64 * 4
 			var db *sqlx.DB
 			res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 64, Total: total},
 				func() harness.Params {
@@ -120,6 +120,9 @@ func TestNoLostUpdateUnderContention(t *testing.T) {
 	}
 }
 
+// mixedOps is how many calls each goroutine of mixed makes.
+const mixedOps = 4
+
 // mixed runs increments on the hot key from 32 goroutines × 3 processes,
 // every other call of each process through a guard pinned optimistic and the
 // others through one pinned pessimistic, so the two modes race on one key
@@ -127,7 +130,7 @@ func TestNoLostUpdateUnderContention(t *testing.T) {
 // version.
 func mixed(t *testing.T, driver string, skipBump bool) (harness.Result, counter, map[string]int64) {
 	var db *sqlx.DB
-	res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 32, Ops: 10},
+	res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 32, Ops: mixedOps},
 		func() harness.Params {
 			var p harness.Params
 			db, p = hotCounter(t, driver)
@@ -168,7 +171,7 @@ func TestMixedModesLoseNoUpdate(t *testing.T) {
 			res, c, by := mixed(t, driver, false)
 			require.Zero(t, res.Errors, "%v", res.FirstErrors)
 			require.Zero(t, res.Conflicts)
-			require.Equal(t, 3*32*10, res.Successes)
+			require.Equal(t, 3*32*mixedOps, res.Successes)
 			require.EqualValues(t, res.Successes, c.N, "lost updates")
 			require.EqualValues(t, res.Successes, c.Version, "one version per write")
 			require.EqualValues(t, res.Successes/2, by["optimistic"])
@@ -184,7 +187,7 @@ func TestMixedModesLoseNoUpdate(t *testing.T) {
 func TestMixedModesWithoutBumpLoseUpdates(t *testing.T) {
 	res, c, by := mixed(t, "pgx", true)
 	require.Zero(t, res.Errors, "%v", res.FirstErrors)
-	require.Equal(t, 3*32*10, res.Successes)
+	require.Equal(t, 3*32*mixedOps, res.Successes)
 	require.Positive(t, by["optimistic"])
 	require.Positive(t, by["pessimistic"])
 	require.Less(t, c.N, int64(res.Successes), "no update lost without the bump: the load is too weak to show anything")
@@ -196,7 +199,7 @@ func TestMixedModesWithoutBumpLoseUpdates(t *testing.T) {
 func TestNaiveReadModifyWriteLosesUpdates(t *testing.T) {
 	const driver = "pgx"
 	var db *sqlx.DB
-	res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 64, Ops: 8},
+	res := harness.Run(t, harness.Config{Processes: 3, Goroutines: 64, Ops: 4},
 		func() harness.Params {
 			var p harness.Params
 			db, p = hotCounter(t, driver)
@@ -211,6 +214,6 @@ func TestNaiveReadModifyWriteLosesUpdates(t *testing.T) {
 	c := counted(t, db, "hot")
 	logRun(t, res, c)
 	require.Zero(t, res.Errors, "%v", res.FirstErrors)
-	require.Equal(t, 3*64*8, res.Successes)
+	require.Equal(t, 3*64*4, res.Successes)
 	require.Less(t, c.N, int64(res.Successes), "the unguarded read-modify-write lost no update: the load is too weak to show anything")
 }

@@ -47,33 +47,37 @@ func ownerOf(t testing.TB, db *sqlx.DB, id string) *string {
 	return owner
 }
 
+// longLeased is the leased configuration of the conformance suites: its lease
+// is long enough that a loaded machine's slow extension does not count as a
+// lost claim. TestDoExtendsTheLease covers short ones.
+var longLeased = atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: 3 * time.Second}
+
+// claimerSuite runs the Guard contract against a claimer of cfg on driver's
+// server, on a bots table that makeBots creates with a row per key.
+func claimerSuite(t *testing.T, driver string, makeBots func(testing.TB, *sqlx.DB, ...string), cfg atomic.ClaimConfig) {
+	guardtest.Run(t, guardtest.Suite{
+		Driver: driver,
+		Setup:  func(t testing.TB, env guardtest.Env, keys []string) { makeBots(t, env.DB, keys...) },
+		New: func(t testing.TB, env guardtest.Env) contend.Guard {
+			c, err := atomic.NewClaimer(t.Context(), env.Handle, cfg)
+			require.NoError(t, err)
+			return c
+		},
+		FailFast:  true,
+		Exclusive: true,
+	})
+}
+
 func TestClaimerIsAGuard(t *testing.T) {
-	// The lease is long enough that a loaded machine's slow extension does
-	// not count as a lost claim; TestDoExtendsTheLease covers short ones.
-	long := leased
-	long.Lease = 3 * time.Second
-	configs := map[string]atomic.ClaimConfig{"plain": plain, "leased": long}
+	configs := map[string]atomic.ClaimConfig{"plain": plain, "leased": longLeased}
 	// Each driver once, each configuration on both code paths: database/sql
 	// (lib/pq plain, pgx's stdlib leased) and pgx native (leased, the
 	// configuration with the most statements; TestClaimUnderContention runs
-	// it plain). The suite is about ten seconds a run.
+	// it plain). The suite is a few seconds a run.
 	for _, run := range []struct{ driver, config string }{
 		{"postgres", "plain"}, {"pgx", "leased"}, {testserver.PgxNative, "leased"},
 	} {
-		driver, name, cfg := run.driver, run.config, configs[run.config]
-		t.Run(driver+"/"+name, func(t *testing.T) {
-			guardtest.Run(t, guardtest.Suite{
-				Driver: driver,
-				Setup:  func(t testing.TB, env guardtest.Env, keys []string) { bots(t, env.DB, keys...) },
-				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					c, err := atomic.NewClaimer(t.Context(), env.Handle, cfg)
-					require.NoError(t, err)
-					return c
-				},
-				FailFast:  true,
-				Exclusive: true,
-			})
-		})
+		t.Run(run.driver+"/"+run.config, func(t *testing.T) { claimerSuite(t, run.driver, bots, configs[run.config]) })
 	}
 }
 
@@ -252,7 +256,7 @@ func TestDoReportsAClaimGoneAtRelease(t *testing.T) {
 func TestClaimUnderContention(t *testing.T) {
 	for _, driver := range testserver.PathDrivers {
 		t.Run(driver, func(t *testing.T) {
-			const rounds = 25
+			const rounds = 10
 			keys := make([]string, rounds)
 			for i := range keys {
 				keys[i] = "bot-" + strconv.Itoa(i)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
-	"github.com/contend/contend/internal/guardtest"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/mysqldb"
@@ -180,21 +179,8 @@ func TestUpdateUnderContentionOnMariaDB(t *testing.T) {
 }
 
 func TestClaimerIsAGuardOnMariaDB(t *testing.T) {
-	long := atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: 3 * time.Second}
-	for name, cfg := range map[string]atomic.ClaimConfig{"plain": plain, "leased": long} {
-		t.Run(name, func(t *testing.T) {
-			guardtest.Run(t, guardtest.Suite{
-				Driver: testserver.MariaDBDriver,
-				Setup:  func(t testing.TB, env guardtest.Env, keys []string) { mariaBots(t, env.DB, keys...) },
-				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					c, err := atomic.NewClaimer(t.Context(), env.Handle, cfg)
-					require.NoError(t, err)
-					return c
-				},
-				FailFast:  true,
-				Exclusive: true,
-			})
-		})
+	for name, cfg := range map[string]atomic.ClaimConfig{"plain": plain, "leased": longLeased} {
+		t.Run(name, func(t *testing.T) { claimerSuite(t, testserver.MariaDBDriver, mariaBots, cfg) })
 	}
 }
 

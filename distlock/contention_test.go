@@ -16,8 +16,9 @@ import (
 	"github.com/contend/contend/internal/testserver"
 )
 
-// load is 64 goroutines in each of 3 processes on one key, 768 holds in all.
-var load = harness.Config{Processes: 3, Goroutines: 64, Ops: 4, Keys: []string{"hot"}}
+// load is 64 goroutines in each of 3 processes on one key, 384 holds in all:
+// each is handed over while up to 191 others wait, the first as the last.
+var load = harness.Config{Processes: 3, Goroutines: 64, Ops: 2, Keys: []string{"hot"}}
 
 // readThenWrite is the critical section: it records the holder's fencing
 // token in the order holders entered and increments a counter by reading it

@@ -30,6 +30,21 @@
 //	                  control, which holds within one process and breaks across
 //	                  several
 //
+// On MariaDB, through package mysqldb, with the statements in MySQL's syntax
+// (not in the default run: -mariadb adds them; -quick runs the first, the
+// second and the last):
+//
+//	raw-mariadb               the bare conditional UPDATE: the floor of the others below
+//	atomic-mariadb            atomic.Update / Claimer.Claim
+//	pessimistic-mariadb       pessimistic.Locker.Do around the read-check-write
+//	optimistic-guard-mariadb  optimistic.Guard.Do around it
+//	adaptive-mariadb          adaptive.Guard.Do around it
+//
+// ×raw sets each strategy beside the floor on its own server and driver:
+// raw-pgx for the -pgx strategies, raw-mariadb for the -mariadb ones, raw
+// for the others (and for those two floors, which compares the servers and
+// drivers themselves). shift runs the MariaDB floor and guards too.
+//
 // After every cell the invariant is checked against the table. A strategy
 // that breaks it is marked BROKEN, and the program exits non-zero if any
 // strategy does, except the naive control where it is expected to break
@@ -39,11 +54,13 @@
 //	go run ./examples/bench -quick           # the smoke run CI executes
 //	go run ./examples/bench -processes 3 -strategies atomic,naive
 //	go run ./examples/bench -rounds 3        # each cell's median of three passes over the grid
+//	go run ./examples/bench -mariadb         # the default grid and the MariaDB strategies, about 4 minutes
 //
 // It writes results.md and one chart per workload (SVG and PNG: throughput
 // and p99 against workers, hot key beside spread keys) to -out. Servers are
 // found the way the tests find them (internal/testserver): local ones, or
-// throwaway ones started from local binaries and stopped at the end.
+// throwaway ones started from local binaries and stopped at the end; MariaDB
+// is the local one or CONTEND_MARIADB_URL's, never started.
 package main
 
 import (
@@ -71,7 +88,8 @@ type Options struct {
 	// Keys are the key counts: 1 is the hot key, more are spread at random.
 	// Default: 1, 1000.
 	Keys []int
-	// Strategies to run. Default: all of allStrategies.
+	// Strategies to run. Default: defaultStrategies, every one but the
+	// MariaDB ones.
 	Strategies []string
 	// Workloads to run. Default: all of allWorkloads.
 	Workloads []string
@@ -101,7 +119,7 @@ func (o Options) withDefaults() Options {
 		o.Keys = []int{1, 1000}
 	}
 	if len(o.Strategies) == 0 {
-		o.Strategies = allStrategies
+		o.Strategies = defaultStrategies
 	}
 	if len(o.Workloads) == 0 {
 		o.Workloads = allWorkloads
@@ -155,11 +173,17 @@ func (o Options) validate() error {
 	return errors.Join(errs...)
 }
 
-// quick is the smoke run's grid: every strategy and workload, the hot key and
-// a few spread keys, short cells. Every invariant is still checked.
+// quick is the smoke run's grid: every workload, under the default
+// strategies and those of quickMariaDB unless the strategies are named, on
+// the hot key and a few spread keys, from 8 workers (enough to contend; one
+// worker would add a cell per strategy that races with nobody), short cells.
+// Every invariant is still checked.
 func quick(o Options) Options {
+	if len(o.Strategies) == 0 {
+		o.Strategies = append(slices.Clone(defaultStrategies), quickMariaDB...)
+	}
 	o.Duration = 150 * time.Millisecond
-	o.Workers = []int{1, 8}
+	o.Workers = []int{8}
 	o.Keys = []int{1, 100}
 	return o
 }
@@ -171,12 +195,14 @@ func main() {
 	var (
 		o                          Options
 		workers, keys, strats, wls string
-		quickRun                   bool
+		quickRun, withMariaDB      bool
 	)
 	flag.DurationVar(&o.Duration, "duration", 800*time.Millisecond, "how long each cell runs")
 	flag.StringVar(&workers, "workers", "1,8,64", "goroutines per process, comma-separated")
 	flag.StringVar(&keys, "keys", "1,1000", "key counts, comma-separated: 1 is the hot key, more are spread")
-	flag.StringVar(&strats, "strategies", strings.Join(allStrategies, ","), "strategies to run")
+	flag.StringVar(&strats, "strategies", "", "strategies to run, of "+strings.Join(allStrategies, ",")+
+		" (default: all but the -mariadb ones)")
+	flag.BoolVar(&withMariaDB, "mariadb", false, "also run the strategies on MariaDB: "+strings.Join(mariadbStrategies, ","))
 	flag.StringVar(&wls, "workloads", strings.Join(allWorkloads, ","), "workloads to run")
 	flag.IntVar(&o.Processes, "processes", 1, "processes running each cell at once")
 	flag.IntVar(&o.Rounds, "rounds", 1, "runs of the whole grid; each cell reports its median round")
@@ -195,6 +221,16 @@ func main() {
 	o.Strategies, o.Workloads = splitList(strats), splitList(wls)
 	if quickRun {
 		o = quick(o)
+	}
+	if withMariaDB {
+		if len(o.Strategies) == 0 {
+			o.Strategies = slices.Clone(defaultStrategies)
+		}
+		for _, s := range mariadbStrategies {
+			if !slices.Contains(o.Strategies, s) {
+				o.Strategies = append(o.Strategies, s)
+			}
+		}
 	}
 	o.Command = "go run ./examples/bench " + strings.Join(os.Args[1:], " ")
 	o.Stdout, o.Progress = os.Stdout, os.Stderr

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -33,10 +36,27 @@ func TestQuickGrid(t *testing.T) {
 	o := quick(Options{Out: out})
 	rows, err := Run(t.Context(), o)
 	require.NoError(t, err)
-	// Every strategy on the hot key and spread keys from 1 and 8 workers,
-	// but shift: its strategies on the spread keys from 8 workers.
-	require.Len(t, rows, (len(allWorkloads)-1)*2*2*len(allStrategies)+len(shiftStrategies))
+	// Every strategy of the run (the default ones, and a few on MariaDB)
+	// on the hot key and spread keys from 8 workers, but shift: its
+	// strategies on the spread keys only.
+	shift := 0
+	for _, s := range o.Strategies {
+		if slices.Contains(shiftStrategies, s) {
+			shift++
+		}
+	}
+	require.Len(t, rows, (len(allWorkloads)-1)*2*len(o.Strategies)+shift)
+	onMaria := map[string]int{} // library cells on MariaDB, by workload
 	for _, r := range rows {
+		// A MariaDB strategy is measured against the floor on its server.
+		if onMariaDB(r.Strategy) && r.Strategy != "raw-mariadb" {
+			onMaria[r.Workload]++
+			f, ok := sibling(rows, r, "raw-mariadb")
+			require.True(t, ok, "%s: no raw-mariadb beside it", r.name())
+			if f.Throughput > 0 {
+				require.Equal(t, fmt.Sprintf("%.2f", r.Throughput/f.Throughput), vsRaw(rows, r), r.name())
+			}
+		}
 		require.Empty(t, r.Skipped, r.name())
 		require.Empty(t, r.Violation, r.name())
 		require.Zero(t, r.Errors, "%s: %s", r.name(), r.FirstError)
@@ -47,13 +67,46 @@ func TestQuickGrid(t *testing.T) {
 		require.LessOrEqual(t, r.Throughput*o.Duration.Seconds(), float64(r.Successes+r.Conflicts)+1e-9, r.name())
 		require.False(t, r.failed(), r.name())
 	}
+	for _, wl := range allWorkloads {
+		require.Positive(t, onMaria[wl], "%s: no strategy ran on MariaDB", wl)
+	}
 	md, err := os.ReadFile(filepath.Join(out, "results.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "- shift, spread(100)→hot, 8 worker(s) × 1 process(es), total ops/s: raw ")
+	require.Contains(t, string(md), "- shift, spread(100)→hot, 8 worker(s) × 1 process(es), total ops/s: raw-mariadb ")
+	require.Contains(t, string(md), ", MariaDB ")
 	for _, f := range []string{"results.md", "decrement.svg", "claim.svg", "shift.svg", "shift.png"} {
 		fi, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)
 		require.Positive(t, fi.Size(), f)
+	}
+}
+
+// A chart draws each strategy over every worker count the grid ran, with a
+// tick for each count in every panel and the strategy once in the legend
+// (the quick grid runs one count only).
+func TestChartOverWorkerCounts(t *testing.T) {
+	t.Parallel()
+	var rows []row
+	for _, keys := range []int{1, 100} {
+		for _, w := range []int{1, 8, 64} {
+			for i, s := range []string{"raw", "atomic"} {
+				rows = append(rows, row{cell: cell{Workload: "decrement", Strategy: s, Keys: keys, Workers: w, Processes: 1},
+					Throughput: float64(1000 * (i + 1) * w), P99: time.Duration(w) * time.Millisecond})
+			}
+		}
+	}
+	path := filepath.Join(t.TempDir(), "decrement.svg")
+	require.NoError(t, writeChart(path, "decrement", rows))
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	svg := string(data)
+	// Two key choices by two metrics: four panels, each with its own ticks.
+	for _, tick := range []string{">8<", ">64<"} {
+		require.Equal(t, 4, strings.Count(svg, tick), "ticks %s", tick)
+	}
+	for _, s := range []string{">raw<", ">atomic<"} {
+		require.Equal(t, 1, strings.Count(svg, s), "legend %s", s)
 	}
 }
 
@@ -86,6 +139,33 @@ func TestNaiveBreaksAcrossProcesses(t *testing.T) {
 			require.Empty(t, r.Violation, r.name())
 		}
 		require.False(t, r.failed(), "%s: %s", r.name(), r.verdict())
+	}
+}
+
+// The invariant is checked against the table on the cell's server: on
+// MariaDB, a sale or a claim the table does not show is seen.
+func TestCheckOnMariaDB(t *testing.T) {
+	t.Parallel()
+	db, err := openMariaDB(testserver.MariaDB(t))
+	require.NoError(t, err)
+	defer db.Close()
+	ctx := t.Context()
+	admins := servers{mariadb: db}
+	for _, wl := range []string{"decrement", "claim"} {
+		c := cell{Workload: wl, Strategy: "raw-mariadb", Keys: 1, Workers: 1, Processes: 1}
+		require.NoError(t, createTable(ctx, admins.of(c.Strategy), mariadbSQL, wl, c.keys()))
+		op := rawOp(db, mariadbSQL, wl)
+		require.NoError(t, op(ctx, load.Hot))
+		out := outcome{}
+		// What a lost update reports: two wins, one write.
+		out.PerKey = map[string]harness.Count{load.Hot: {Successes: 2}}
+		r := row{cell: c}
+		require.NoError(t, check(ctx, admins.of(c.Strategy), &r, out))
+		require.Equal(t, map[string]string{"decrement": "oversold 1", "claim": "claimed twice 1"}[wl], r.Violation)
+		out.PerKey[load.Hot] = harness.Count{Successes: 1}
+		r = row{cell: c}
+		require.NoError(t, check(ctx, admins.of(c.Strategy), &r, out))
+		require.Empty(t, r.Violation, wl)
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
@@ -111,13 +110,11 @@ func retries(r row) string {
 	return perSuccess(r.Retries, r)
 }
 
-// vsRaw is a cell's throughput as a multiple of raw's in the same cell.
+// vsRaw is a cell's throughput as a multiple of its floor's in the same
+// cell: raw-pgx's for the pgx strategies, raw-mariadb's for the MariaDB ones,
+// raw's for the others and for those two floors.
 func vsRaw(rows []row, r row) string {
-	floor := "raw"
-	if pgxNative(r.Strategy) && r.Strategy != "raw-pgx" {
-		floor = "raw-pgx"
-	}
-	if o, ok := sibling(rows, r, floor); ok && o.Throughput > 0 {
+	if o, ok := sibling(rows, r, floor(r.Strategy)); ok && o.Throughput > 0 {
 		return fmt.Sprintf("%.2f", r.Throughput/o.Throughput)
 	}
 	return "-"
@@ -181,13 +178,20 @@ func writeTable(w io.Writer, rows []row) {
 
 // writeReport writes results.md and one chart per workload, as SVG and PNG, to o.Out and
 // returns their paths.
-func writeReport(ctx context.Context, admin *sqlx.DB, o Options, rows []row, took time.Duration) ([]string, error) {
+func writeReport(ctx context.Context, admins servers, o Options, rows []row, took time.Duration) ([]string, error) {
 	if err := os.MkdirAll(o.Out, 0o755); err != nil {
 		return nil, err
 	}
 	var pgVersion string
-	if err := admin.GetContext(ctx, &pgVersion, `SHOW server_version`); err != nil {
+	if err := admins.postgres.GetContext(ctx, &pgVersion, `SHOW server_version`); err != nil {
 		return nil, err
+	}
+	if admins.mariadb != nil {
+		var v string
+		if err := admins.mariadb.GetContext(ctx, &v, `SELECT VERSION()`); err != nil {
+			return nil, err
+		}
+		pgVersion += ", MariaDB " + v
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# contend benchmark results\n\n")
@@ -196,7 +200,8 @@ func writeReport(ctx context.Context, admin *sqlx.DB, o Options, rows []row, too
 	fmt.Fprintf(&b, "Command: `%s` (%s per cell, %d process(es), median of %d round(s)).\n\n", strings.TrimSpace(o.Command), o.Duration, o.Processes, o.Rounds)
 	b.WriteString("ops/s counts the operations, successes and lost races alike, that ended inside the timed window, over its length; " +
 		"the operations still in flight at the deadline finish (so that every success can be checked against the table) " +
-		"and count in ok and lost, not in ops/s. ×raw is ops/s over the raw statement's in the same cell. " +
+		"and count in ok and lost, not in ops/s. ×raw is ops/s over the raw statement's in the same cell, through the same driver on the same server: " +
+		"raw-pgx's for the -pgx strategies, raw-mariadb's for the -mariadb ones (which run on MariaDB), raw's for the others and for those two floors. " +
 		"ok counts successes. lost counts lost races, a normal answer and not an error: \"sold out\" or \"already claimed\", " +
 		"or a strategy that gave up on a busy key; lost % is their share of all operations. " +
 		"In decrement the stock never runs out, so lost stays 0 unless a strategy gives up; in claim each job can be claimed once, " +
@@ -416,6 +421,12 @@ func strategyColor(s string) color.Color {
 		"redsync":          {140, 86, 75, 255},   // brown
 		"queue":            {148, 103, 189, 255}, // purple
 		"naive":            {127, 127, 127, 255}, // grey
+		// On MariaDB: the PostgreSQL namesake's hue, darker or lighter.
+		"raw-mariadb":              {96, 96, 96, 255},    // dark grey
+		"atomic-mariadb":           {120, 180, 230, 255}, // light blue
+		"pessimistic-mariadb":      {170, 85, 0, 255},    // dark orange
+		"optimistic-guard-mariadb": {130, 210, 130, 255}, // light green
+		"adaptive-mariadb":         {80, 200, 200, 255},  // light teal
 	}
 	if c, ok := palette[s]; ok {
 		return c
@@ -460,12 +471,8 @@ func summary(rows []row) string {
 		b.WriteString(".\n")
 	}
 	for _, r := range rows {
-		if (r.Strategy == "atomic" || r.Strategy == "atomic-pgx") && r.Keys == 1 && r.Skipped == "" {
-			floor := "raw"
-			if pgxNative(r.Strategy) {
-				floor = "raw-pgx"
-			}
-			fmt.Fprintf(&b, "- %s, hot key, %d worker(s): %s at %s× %s.\n", r.Workload, r.Workers, r.Strategy, vsRaw(rows, r), floor)
+		if strings.HasPrefix(r.Strategy, "atomic") && r.Keys == 1 && r.Skipped == "" {
+			fmt.Fprintf(&b, "- %s, hot key, %d worker(s): %s at %s× %s.\n", r.Workload, r.Workers, r.Strategy, vsRaw(rows, r), floor(r.Strategy))
 		}
 	}
 	b.WriteString(lockSummary(rows))
@@ -499,13 +506,15 @@ func lockSummary(rows []row) string {
 // the hot key beside the row lock (pessimistic), throughput and p99; on
 // spread keys beside the optimistic guard; on the shift workload beside every
 // strategy that ran it, by total throughput, and as a multiple of the better
-// of the two fixed guards.
+// of the two fixed guards. adaptive-mariadb is set beside the guards on
+// MariaDB in the same way.
 func adaptiveSummary(rows []row) string {
 	var b strings.Builder
 	for _, r := range rows {
-		if r.Strategy != "adaptive" || r.Skipped != "" {
+		if (r.Strategy != "adaptive" && r.Strategy != "adaptive-mariadb") || r.Skipped != "" {
 			continue
 		}
+		server := strings.TrimPrefix(r.Strategy, "adaptive") // "" or "-mariadb"
 		keys := r.keyChoice()
 		if r.Keys == 1 {
 			keys = "hot key"
@@ -516,32 +525,34 @@ func adaptiveSummary(rows []row) string {
 			b.WriteString(shiftSummary(rows, r, where))
 		case r.Workload != "decrement":
 		case r.Keys == 1:
-			if p, ok := sibling(rows, r, "pessimistic"); ok && p.Throughput > 0 {
-				fmt.Fprintf(&b, "%s: adaptive at %.2f× pessimistic, p99 %s against %s ms.\n",
-					where, r.Throughput/p.Throughput, ms(r.P99), ms(p.P99))
+			if p, ok := sibling(rows, r, "pessimistic"+server); ok && p.Throughput > 0 {
+				fmt.Fprintf(&b, "%s: %s at %.2f× %s, p99 %s against %s ms.\n",
+					where, r.Strategy, r.Throughput/p.Throughput, p.Strategy, ms(r.P99), ms(p.P99))
 			}
 		default:
-			if o, ok := sibling(rows, r, "optimistic-guard"); ok && o.Throughput > 0 {
-				fmt.Fprintf(&b, "%s: adaptive at %.2f× optimistic-guard, p99 %s against %s ms.\n",
-					where, r.Throughput/o.Throughput, ms(r.P99), ms(o.P99))
+			if o, ok := sibling(rows, r, "optimistic-guard"+server); ok && o.Throughput > 0 {
+				fmt.Fprintf(&b, "%s: %s at %.2f× %s, p99 %s against %s ms.\n",
+					where, r.Strategy, r.Throughput/o.Throughput, o.Strategy, ms(r.P99), ms(o.P99))
 			}
 		}
 	}
 	return b.String()
 }
 
-// shiftSummary lists the total throughput of every strategy in adaptive's
-// shift cell, and says whether adaptive beat both fixed guards.
+// shiftSummary lists the total throughput of every strategy on adaptive's
+// server in adaptive's shift cell, and says whether adaptive beat both fixed
+// guards.
 func shiftSummary(rows []row, adaptive row, where string) string {
 	var totals []string
 	var best row
+	server := strings.TrimPrefix(adaptive.Strategy, "adaptive")
 	for _, s := range shiftStrategies {
 		o, ok := sibling(rows, adaptive, s)
-		if !ok {
+		if !ok || onMariaDB(s) != onMariaDB(adaptive.Strategy) {
 			continue
 		}
 		totals = append(totals, fmt.Sprintf("%s %.0f", s, o.Throughput))
-		if (s == "pessimistic" || s == "optimistic-guard") && o.Throughput > best.Throughput {
+		if (s == "pessimistic"+server || s == "optimistic-guard"+server) && o.Throughput > best.Throughput {
 			best = o
 		}
 	}
@@ -551,7 +562,7 @@ func shiftSummary(rows []row, adaptive row, where string) string {
 		if adaptive.Throughput <= best.Throughput {
 			verdict = "does not beat both fixed guards"
 		}
-		line += fmt.Sprintf("; adaptive at %.2f× the better fixed guard (%s): it %s", adaptive.Throughput/best.Throughput, best.Strategy, verdict)
+		line += fmt.Sprintf("; %s at %.2f× the better fixed guard (%s): it %s", adaptive.Strategy, adaptive.Throughput/best.Throughput, best.Strategy, verdict)
 	}
 	return line + ".\n"
 }

@@ -20,12 +20,14 @@ import (
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/workload"
+	"github.com/contend/contend/mysqldb"
 )
 
-// env is where a run's cells run: a fresh schema and a Redis key prefix of
-// their own.
+// env is where a run's cells run: a fresh schema, a Redis key prefix and,
+// when a MariaDB strategy runs, a MariaDB database of their own.
 type env struct {
 	PostgresURL string `json:"postgres_url"` // the schema's URL
+	MariaDBURL  string `json:"mariadb_url"`  // the database's mysql:// URL
 	RedisURL    string `json:"redis_url"`
 	RedisPrefix string `json:"redis_prefix"`
 }
@@ -159,6 +161,24 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	defer admin.Close()
 	admin.SetMaxOpenConns(2)
 	e := env{PostgresURL: schemaURL, RedisURL: redisURL, RedisPrefix: testserver.RandomName("contend:bench:") + ":"}
+	admins := servers{postgres: admin}
+	if slices.ContainsFunc(o.Strategies, onMariaDB) {
+		server, err := testserver.MariaDBURL()
+		if err != nil {
+			return nil, err
+		}
+		name, dbURL, err := testserver.CreateDatabase(ctx, server)
+		if err != nil {
+			return nil, err
+		}
+		defer testserver.DropDatabase(context.WithoutCancel(ctx), server, name)
+		if admins.mariadb, err = openMariaDB(dbURL); err != nil {
+			return nil, err
+		}
+		defer admins.mariadb.Close()
+		admins.mariadb.SetMaxOpenConns(2)
+		e.MariaDBURL = dbURL
+	}
 	defer func() {
 		if opts, err := redis.ParseURL(redisURL); err == nil {
 			rdb := redis.NewClient(opts)
@@ -176,7 +196,7 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	for round := range o.Rounds {
 		for i, c := range cells {
 			p.start(round*len(cells)+i, c)
-			r, err := runCell(ctx, admin, e, c, o.Duration)
+			r, err := runCell(ctx, admins, e, c, o.Duration)
 			if err != nil {
 				p.done()
 				return nil, fmt.Errorf("%s: %w", c.name(), err)
@@ -196,7 +216,7 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	}
 	fmt.Fprintf(o.Stdout, "\n%d cells in %s\n", len(rows), time.Since(started).Round(time.Second))
 	if o.Out != "" {
-		files, err := writeReport(ctx, admin, o, rows, time.Since(started))
+		files, err := writeReport(ctx, admins, o, rows, time.Since(started))
 		if err != nil {
 			return rows, err
 		}
@@ -205,9 +225,36 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	return rows, nil
 }
 
+// servers are a run's administrative pools: PostgreSQL's, and MariaDB's
+// when a MariaDB strategy runs (else nil).
+type servers struct{ postgres, mariadb *sqlx.DB }
+
+// of is the pool of strategy's server.
+func (s servers) of(strategy string) *sqlx.DB {
+	if onMariaDB(strategy) {
+		return s.mariadb
+	}
+	return s.postgres
+}
+
+// openMariaDB opens a pool on a mysql:// URL, with clientFoundRows set
+// (mysqldb.Open), for sqlx with ? placeholders.
+func openMariaDB(url string) (*sqlx.DB, error) {
+	cfg, err := testserver.MariaDBConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	db, err := mysqldb.Open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return sqlx.NewDb(db, "mysql"), nil
+}
+
 // runCell makes c's table afresh, runs c's load in this process or in c's
 // worker processes, and checks the invariant against what the table shows.
-func runCell(ctx context.Context, admin *sqlx.DB, e env, c cell, d time.Duration) (row, error) {
+func runCell(ctx context.Context, admins servers, e env, c cell, d time.Duration) (row, error) {
+	admin := admins.of(c.Strategy)
 	r := row{cell: c}
 	if c.Strategy == "queue" && c.Processes > 1 {
 		// The in-memory queue orders a key's operations within its process
@@ -216,7 +263,7 @@ func runCell(ctx context.Context, admin *sqlx.DB, e env, c cell, d time.Duration
 		return r, nil
 	}
 	keys := c.keys()
-	if err := createTable(ctx, admin, c.Workload, keys); err != nil {
+	if err := createTable(ctx, admin, dialectOf(c.Strategy), c.Workload, keys); err != nil {
 		return r, err
 	}
 	e.RedisPrefix += c.name() + ":"
@@ -240,7 +287,15 @@ func runCell(ctx context.Context, admin *sqlx.DB, e env, c cell, d time.Duration
 // runLocal runs c's load from this process's goroutines. ready, when set, is
 // called once everything is connected; the load starts when it returns.
 func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration, ready func() error) (outcome, error) {
-	db, err := sqlx.Open("pgx", e.PostgresURL)
+	var (
+		db  *sqlx.DB
+		err error
+	)
+	if onMariaDB(c.Strategy) {
+		db, err = openMariaDB(e.MariaDBURL)
+	} else {
+		db, err = sqlx.Open("pgx", e.PostgresURL)
+	}
 	if err != nil {
 		return outcome{}, err
 	}
@@ -257,7 +312,10 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 	if err := warm(ctx, db, c.poolSize()); err != nil {
 		return outcome{}, err
 	}
-	b := backends{db: db, rdb: rdb, redisPrefix: e.RedisPrefix}
+	b := backends{db: db, h: db, sql: dialectOf(c.Strategy), rdb: rdb, redisPrefix: e.RedisPrefix}
+	if onMariaDB(c.Strategy) {
+		b.h = mysqldb.Wrap(db)
+	}
 	if pgxNative(c.Strategy) {
 		if b.pool, err = openPool(ctx, e.PostgresURL, c.poolSize()); err != nil {
 			return outcome{}, err

@@ -28,13 +28,48 @@ import (
 
 // The strategies, in the order they are shown. raw is the floor every other
 // one is measured against; poll (the bare 1 ms polling loop), redislock and
-// redsync are peers of distlock; naive is the negative control.
+// redsync are peers of distlock; naive is the negative control. The -mariadb
+// strategies are their namesakes on MariaDB, beside raw-mariadb, their floor.
 var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "optimistic", "optimistic-guard", "adaptive",
-	"distlock", "poll", "redislock", "redsync", "queue", "naive"}
+	"distlock", "poll", "redislock", "redsync", "queue", "naive",
+	"raw-mariadb", "atomic-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
+
+// defaultStrategies run unless the strategies are named: all but the
+// MariaDB ones, which would make the default run a minute and more longer
+// (-mariadb adds them).
+var defaultStrategies = slices.DeleteFunc(slices.Clone(allStrategies), onMariaDB)
+
+// mariadbStrategies are the strategies that run on MariaDB.
+var mariadbStrategies = slices.DeleteFunc(slices.Clone(allStrategies), func(s string) bool { return !onMariaDB(s) })
+
+// quickMariaDB are the MariaDB strategies the smoke run adds to the default
+// ones: the floor, atomic and adaptive (which runs both the optimistic guard
+// and the row lock), so that every workload runs on MariaDB, at fourteen
+// short cells rather than the whole set's twenty-four.
+var quickMariaDB = []string{"raw-mariadb", "atomic-mariadb", "adaptive-mariadb"}
 
 // pgxNative reports whether strategy runs on pgx's native interface (a
 // pgxpool.Pool) rather than on database/sql; its floor is raw-pgx.
 func pgxNative(strategy string) bool { return strings.HasSuffix(strategy, "-pgx") }
+
+// onMariaDB reports whether strategy runs on MariaDB, through package
+// mysqldb; its floor is raw-mariadb.
+func onMariaDB(strategy string) bool { return strings.HasSuffix(strategy, "-mariadb") }
+
+// floor is the strategy strategy's throughput is measured against: the bare
+// statement through the same driver on the same server. The floors of pgx
+// and MariaDB are themselves measured against raw.
+func floor(strategy string) string {
+	switch {
+	case strategy == "raw-pgx" || strategy == "raw-mariadb":
+		return "raw"
+	case pgxNative(strategy):
+		return "raw-pgx"
+	case onMariaDB(strategy):
+		return "raw-mariadb"
+	}
+	return "raw"
+}
 
 // The workloads: "decrement stock if available", "claim a job once", and
 // "shift", a decrement whose keys turn from spread to hot halfway through the
@@ -44,7 +79,8 @@ var allWorkloads = []string{"decrement", "claim", "shift"}
 // shiftStrategies are the strategies the shift workload runs: the guards it
 // is there to set apart (the adaptive one beside the two it chooses
 // between), the optimistic Store, and raw, the floor.
-var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-guard", "adaptive"}
+var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-guard", "adaptive",
+	"raw-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
 
 // operation is what workload's operations do: shift sells, as decrement
 // does; only the keys it sells differ.
@@ -79,10 +115,54 @@ type job struct {
 	Version int64          `db:"version"`
 }
 
-// createTable makes workload's table afresh with one row per key. Both tables
-// carry a version column, which the optimistic and adaptive strategies use.
-func createTable(ctx context.Context, db *sqlx.DB, workload string, keys []string) error {
+// dialect is one server's text of the workloads' statements. Their
+// arguments come in the same order on every server.
+type dialect struct {
+	mysql bool
+	// decrement sells one item of key if any is left; claim sets the
+	// owner (first argument) of job key (second) if it is free: raw's
+	// statements, and atomic's decrement.
+	decrement, claim string
+	// The read-check-write's reads (key) and writes (the new value, key).
+	readStock, writeStock, readOwner, writeOwner string
+}
+
+var (
+	postgresSQL = dialect{
+		decrement:  `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`,
+		claim:      `UPDATE jobs SET owner = $1 WHERE id = $2 AND owner IS NULL`,
+		readStock:  `SELECT stock FROM products WHERE id = $1`,
+		writeStock: `UPDATE products SET stock = $1 WHERE id = $2`,
+		readOwner:  `SELECT owner FROM jobs WHERE id = $1`,
+		writeOwner: `UPDATE jobs SET owner = $1 WHERE id = $2`,
+	}
+	mariadbSQL = dialect{
+		mysql:      true,
+		decrement:  `UPDATE products SET stock = stock - 1 WHERE id = ? AND stock >= 1`,
+		claim:      `UPDATE jobs SET owner = ? WHERE id = ? AND owner IS NULL`,
+		readStock:  `SELECT stock FROM products WHERE id = ?`,
+		writeStock: `UPDATE products SET stock = ? WHERE id = ?`,
+		readOwner:  `SELECT owner FROM jobs WHERE id = ?`,
+		writeOwner: `UPDATE jobs SET owner = ? WHERE id = ?`,
+	}
+)
+
+// dialectOf is the dialect of strategy's server.
+func dialectOf(strategy string) dialect {
+	if onMariaDB(strategy) {
+		return mariadbSQL
+	}
+	return postgresSQL
+}
+
+// createTable makes workload's table afresh, on d's server, with one row per
+// key. Both tables carry a version column, which the optimistic and adaptive
+// strategies use.
+func createTable(ctx context.Context, db *sqlx.DB, d dialect, workload string, keys []string) error {
 	workload = operation(workload)
+	if d.mysql {
+		return createMariaDBTable(ctx, db, workload, keys)
+	}
 	stmts := map[string]string{
 		"decrement": `DROP TABLE IF EXISTS products;
 			CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0)`,
@@ -108,9 +188,49 @@ func createTable(ctx context.Context, db *sqlx.DB, workload string, keys []strin
 	return err
 }
 
+// createMariaDBTable is createTable on MariaDB: InnoDB tables, filled a few
+// hundred rows to a statement (the keys are bound, never spliced in).
+func createMariaDBTable(ctx context.Context, db *sqlx.DB, workload string, keys []string) error {
+	create := map[string]string{
+		"decrement": `CREATE TABLE products (id varchar(64) PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0) ENGINE=InnoDB`,
+		"claim":     `CREATE TABLE jobs (id varchar(64) PRIMARY KEY, owner varchar(64), version bigint NOT NULL DEFAULT 0) ENGINE=InnoDB`,
+	}
+	for _, stmt := range []string{`DROP TABLE IF EXISTS ` + table(workload), create[workload]} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("create %s table: %w", workload, err)
+		}
+	}
+	for chunk := range slices.Chunk(keys, 500) {
+		var (
+			stmt string
+			args []any
+		)
+		if workload == "decrement" {
+			stmt = `INSERT INTO products (id, stock) VALUES ` + strings.TrimSuffix(strings.Repeat(`(?, ?),`, len(chunk)), ",")
+			for _, k := range chunk {
+				args = append(args, k, initialStock)
+			}
+		} else {
+			stmt = `INSERT INTO jobs (id) VALUES ` + strings.TrimSuffix(strings.Repeat(`(?),`, len(chunk)), ",")
+			for _, k := range chunk {
+				args = append(args, k)
+			}
+		}
+		if _, err := db.ExecContext(ctx, stmt, args...); err != nil {
+			return fmt.Errorf("fill %s table: %w", workload, err)
+		}
+	}
+	_, err := db.ExecContext(ctx, `ANALYZE TABLE `+table(workload))
+	return err
+}
+
 // backends is what a process's operations run against.
 type backends struct {
+	// db is the pool of the strategy's server, and h what the strategies
+	// take: db itself on PostgreSQL, db wrapped by mysqldb on MariaDB.
 	db          *sqlx.DB
+	h           contend.DB
+	sql         dialect
 	pool        *pgxpool.Pool // only for the -pgx strategies
 	rdb         *redis.Client
 	redisPrefix string
@@ -126,7 +246,7 @@ type counters struct {
 
 // countsRetries reports whether strategy counts its retries.
 func countsRetries(strategy string) bool {
-	return slices.Contains([]string{"optimistic", "optimistic-guard", "adaptive"}, strategy)
+	return slices.Contains([]string{"optimistic", "optimistic-guard", "adaptive"}, strings.TrimSuffix(strategy, "-mariadb"))
 }
 
 // retried is a Guard that counts in n the runs of fn beyond the first of
@@ -155,35 +275,36 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 			c.retries.Add(int64(e.Attempts - 1))
 		}
 	})
-	rcw := readCheckWrite(b.db, workload)
+	rcw := readCheckWrite(b.db, b.sql, workload)
 	// Enough attempts that a hot key at 64 workers still ends in a sale;
 	// the retries it took are what the report shows.
 	optRetry := contend.Retry{MaxAttempts: 1000}
-	switch strategy {
+	// A -mariadb strategy is its namesake on b's MariaDB handles.
+	switch strings.TrimSuffix(strategy, "-mariadb") {
 	case "raw":
-		return rawOp(b.db, workload), nothing, nil
+		return rawOp(b.db, b.sql, workload), nothing, nil
 	case "raw-pgx":
 		return rawPgxOp(b.pool, workload), nothing, nil
 	case "atomic":
-		return atomicOp(ctx, b.db, workload)
+		return atomicOp(ctx, b.h, b.sql, workload)
 	case "atomic-pgx":
-		return atomicOp(ctx, pgxdb.Wrap(b.pool), workload)
+		return atomicOp(ctx, pgxdb.Wrap(b.pool), b.sql, workload)
 	case "pessimistic":
-		l, err := pessimistic.New(b.db, pessimistic.Config{Table: table(workload)})
+		l, err := pessimistic.New(b.h, pessimistic.Config{Table: table(workload)})
 		return load.Guarded(l, rcw), nothing, err
 	case "optimistic-guard":
 		// The optimistic Guard around the read-check-write, the same shape
 		// of call as pessimistic and adaptive, where the optimistic Store
 		// above reads and writes the row itself.
-		g, err := optimistic.NewGuard(b.db, optimistic.Config{Table: table(workload), Retry: optRetry})
+		g, err := optimistic.NewGuard(b.h, optimistic.Config{Table: table(workload), Retry: optRetry})
 		return load.Guarded(retried{g, &c.retries}, rcw), nothing, err
 	case "adaptive":
-		g, err := adaptive.NewGuard(b.db, adaptive.Config{Table: table(workload), Retry: optRetry})
+		g, err := adaptive.NewGuard(b.h, adaptive.Config{Table: table(workload), Retry: optRetry})
 		return load.Guarded(retried{g, &c.retries}, rcw), nothing, err
 	case "optimistic":
 		cfg := optimistic.Config{Table: table(workload), Retry: optRetry, Observer: observe}
 		if workload == "decrement" {
-			s, err := optimistic.NewStore[product](b.db, cfg)
+			s, err := optimistic.NewStore[product](b.h, cfg)
 			return func(ctx context.Context, key string) error {
 				_, err := s.Update(ctx, key, func(p *product) error {
 					if p.Stock < 1 {
@@ -195,7 +316,7 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 				return err
 			}, nothing, err
 		}
-		s, err := optimistic.NewStore[job](b.db, cfg)
+		s, err := optimistic.NewStore[job](b.h, cfg)
 		return func(ctx context.Context, key string) error {
 			_, err := s.Update(ctx, key, func(j *job) error {
 				if j.Owner.Valid {
@@ -228,10 +349,10 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 
 // atomicOp is the atomic strategy on db: the conditional UPDATE for
 // decrement, the Claimer for claim.
-func atomicOp(ctx context.Context, db contend.DB, workload string) (harness.Op, func(), error) {
+func atomicOp(ctx context.Context, db contend.DB, d dialect, workload string) (harness.Op, func(), error) {
 	if workload == "decrement" {
 		return func(ctx context.Context, key string) error {
-			sold, err := atomic.Update(ctx, db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, key)
+			sold, err := atomic.Update(ctx, db, d.decrement, key)
 			if err == nil && !sold {
 				err = errSoldOut
 			}
@@ -257,8 +378,8 @@ func table(workload string) string {
 
 // rawOp is the floor: the one conditional statement through database/sql,
 // with no library in between.
-func rawOp(db *sqlx.DB, workload string) harness.Op {
-	query, lost := rawStatement(workload)
+func rawOp(db *sqlx.DB, d dialect, workload string) harness.Op {
+	query, lost := rawStatement(d, workload)
 	return func(ctx context.Context, key string) error {
 		res, err := db.ExecContext(ctx, query, rawArgs(workload, key)...)
 		if err != nil {
@@ -273,17 +394,17 @@ func rawOp(db *sqlx.DB, workload string) harness.Op {
 
 // rawStatement is the workload's one conditional statement, and the error
 // that a call which changed no row answers.
-func rawStatement(workload string) (string, error) {
+func rawStatement(d dialect, workload string) (string, error) {
 	if workload == "claim" {
-		return `UPDATE jobs SET owner = $2 WHERE id = $1 AND owner IS NULL`, errTaken
+		return d.claim, errTaken
 	}
-	return `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, errSoldOut
+	return d.decrement, errSoldOut
 }
 
 // rawArgs are rawStatement's arguments for key.
 func rawArgs(workload, key string) []any {
 	if workload == "claim" {
-		return []any{key, newToken()}
+		return []any{newToken(), key}
 	}
 	return []any{key}
 }
@@ -291,7 +412,7 @@ func rawArgs(workload, key string) []any {
 // rawPgxOp is the floor of the -pgx strategies: the same statement through
 // pgxpool, with no library in between.
 func rawPgxOp(pool *pgxpool.Pool, workload string) harness.Op {
-	query, lost := rawStatement(workload)
+	query, lost := rawStatement(postgresSQL, workload)
 	return func(ctx context.Context, key string) error {
 		tag, err := pool.Exec(ctx, query, rawArgs(workload, key)...)
 		if err != nil {
@@ -305,25 +426,36 @@ func rawPgxOp(pool *pgxpool.Pool, workload string) harness.Op {
 }
 
 // readCheckWrite is the body every guard runs, through whatever transaction
-// the guard hands it: read the row, refuse when the check fails, write back
-// what was read, changed. Unguarded, two callers can read the same state and
-// both write: the lost update and the double claim.
-func readCheckWrite(db *sqlx.DB, workload string) func(ctx context.Context, key string) error {
+// the guard hands it, in d's statements: read the row, refuse when the check
+// fails, write back what was read, changed. Unguarded, two callers can read
+// the same state and both write: the lost update and the double claim.
+func readCheckWrite(db *sqlx.DB, d dialect, workload string) func(ctx context.Context, key string) error {
 	if workload == "claim" {
 		return func(ctx context.Context, key string) error {
 			q := contend.Querier(ctx, db)
 			var owner sql.NullString
-			if err := q.QueryRowContext(ctx, `SELECT owner FROM jobs WHERE id = $1`, key).Scan(&owner); err != nil {
+			if err := q.QueryRowContext(ctx, d.readOwner, key).Scan(&owner); err != nil {
 				return err
 			}
 			if owner.Valid {
 				return errTaken
 			}
-			_, err := q.ExecContext(ctx, `UPDATE jobs SET owner = $2 WHERE id = $1`, key, newToken())
+			_, err := q.ExecContext(ctx, d.writeOwner, newToken(), key)
 			return err
 		}
 	}
-	return load.Sell(db)
+	return func(ctx context.Context, key string) error {
+		q := contend.Querier(ctx, db)
+		var stock int64
+		if err := q.QueryRowContext(ctx, d.readStock, key).Scan(&stock); err != nil {
+			return err
+		}
+		if stock < 1 {
+			return errSoldOut
+		}
+		_, err := q.ExecContext(ctx, d.writeStock, stock-1, key)
+		return err
+	}
 }
 
 // queuePartitions is how many partitions, and so consumers, the queue

@@ -14,7 +14,15 @@
 // named by CONTEND_REDIS_URL (default redis://127.0.0.1:6379/0), and works in
 // a schema and under a key prefix of its own, removed at the end.
 //
-//	go run ./examples/oversell [-processes 3] [-buyers 32] [-stock 200]
+// With -db mariadb the products table is on MariaDB (or MySQL) instead: the
+// server named by CONTEND_MARIADB_URL (default
+// mysql://root@127.0.0.1:3306/test), in a database of the run's own, dropped
+// at the end. The pool is opened by mysqldb.Open and wrapped by mysqldb.Wrap,
+// and the statements are MySQL's (? placeholders). The queue strategy runs on
+// PostgreSQL only: its handler records each purchase in the same statement
+// as the sale (UPDATE ... RETURNING in a WITH), which MySQL has no form of.
+//
+//	go run ./examples/oversell [-processes 3] [-buyers 32] [-stock 200] [-db postgres|mariadb]
 //
 // It exits non-zero if any strategy but the naive one oversells, or if the
 // naive one does not (the demonstration would then prove nothing).
@@ -39,6 +47,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
@@ -46,6 +55,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/mysqldb"
 	"github.com/contend/contend/optimistic"
 	"github.com/contend/contend/pessimistic"
 	"github.com/contend/contend/queue"
@@ -56,28 +66,53 @@ import (
 // contend.ErrConflict, as the guards' own lost races do.
 var errSoldOut = fmt.Errorf("sold out: %w", contend.ErrConflict)
 
+// statements are the sale's SQL in one server's syntax; their arguments
+// come in the same order on both.
+type statements struct {
+	readStock  string // product → stock
+	writeStock string // stock, product
+	sellIfLeft string // product: the atomic sale
+}
+
+var (
+	postgresSQL = statements{
+		readStock:  `SELECT stock FROM products WHERE id = $1`,
+		writeStock: `UPDATE products SET stock = $1 WHERE id = $2`,
+		sellIfLeft: `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`,
+	}
+	mysqlSQL = statements{
+		readStock:  `SELECT stock FROM products WHERE id = ?`,
+		writeStock: `UPDATE products SET stock = ? WHERE id = ?`,
+		sellIfLeft: `UPDATE products SET stock = stock - 1 WHERE id = ? AND stock >= 1`,
+	}
+)
+
 // sellOne is the naive read-check-write: read the stock, refuse when none is
 // left, write back what was read minus one. Two buyers that read the same
 // stock both write stock-1, and one sale vanishes from the stock: it is
 // correct only when nothing else sells the product between its read and its
 // write. Under a guard, contend.Querier hands it the guard's transaction.
-func sellOne(ctx context.Context, db contend.DBTX, product string) error {
-	q := contend.Querier(ctx, db)
+func (s *shop) sellOne(ctx context.Context, product string) error {
+	q := contend.Querier(ctx, s.db)
 	var stock int64
-	if err := q.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = $1`, product).Scan(&stock); err != nil {
+	if err := q.QueryRowContext(ctx, s.sql.readStock, product).Scan(&stock); err != nil {
 		return err
 	}
 	if stock < 1 {
 		return errSoldOut
 	}
-	_, err := q.ExecContext(ctx, `UPDATE products SET stock = $2 WHERE id = $1`, product, stock-1)
+	_, err := q.ExecContext(ctx, s.sql.writeStock, stock-1, product)
 	return err
 }
 
 // shop is one server process's way to sell: a pool, and the guard or queue
 // of the strategy it runs.
 type shop struct {
-	db     *sqlx.DB
+	db *sqlx.DB
+	// h is what the strategies take: db itself on PostgreSQL, db wrapped by
+	// mysqldb.Wrap on MariaDB (contend.Querier still takes db).
+	h      contend.DB
+	sql    statements
 	mu     sync.Mutex // the naive guard: this process's goroutines only
 	locker *pessimistic.Locker
 	guard  *optimistic.Guard
@@ -90,13 +125,13 @@ type shop struct {
 func (s *shop) sellWithMutex(ctx context.Context, product string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return sellOne(ctx, s.db, product)
+	return s.sellOne(ctx, product)
 }
 
 // sellAtomic puts the check into the write: the database applies the UPDATE
 // only while stock is left, so no read goes stale.
 func (s *shop) sellAtomic(ctx context.Context, product string) error {
-	sold, err := atomic.Update(ctx, s.db, `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`, product)
+	sold, err := atomic.Update(ctx, s.h, s.sql.sellIfLeft, product)
 	if err == nil && !sold {
 		return errSoldOut
 	}
@@ -106,19 +141,19 @@ func (s *shop) sellAtomic(ctx context.Context, product string) error {
 // sellPessimistic locks the product's row (SELECT ... FOR UPDATE) and runs
 // the read-check-write in that transaction: the other buyers wait.
 func (s *shop) sellPessimistic(ctx context.Context, product string) error {
-	return s.locker.Do(ctx, product, func(ctx context.Context) error { return sellOne(ctx, s.db, product) })
+	return s.locker.Do(ctx, product, func(ctx context.Context) error { return s.sellOne(ctx, product) })
 }
 
 // sellOptimistic runs the read-check-write in a transaction that commits only
 // if the row's version did not move meanwhile, and runs it again if it did.
 func (s *shop) sellOptimistic(ctx context.Context, product string) error {
-	return s.guard.Do(ctx, product, func(ctx context.Context) error { return sellOne(ctx, s.db, product) })
+	return s.guard.Do(ctx, product, func(ctx context.Context) error { return s.sellOne(ctx, product) })
 }
 
 // sellWithDistlock holds a Redis lock on the product, in every process,
 // around the read-check-write.
 func (s *shop) sellWithDistlock(ctx context.Context, product string) error {
-	return s.locks.Do(ctx, product, func(ctx context.Context) error { return sellOne(ctx, s.db, product) })
+	return s.locks.Do(ctx, product, func(ctx context.Context) error { return s.sellOne(ctx, product) })
 }
 
 // sellQueued submits the purchase to the product's partition and waits for
@@ -157,17 +192,19 @@ func (s *shop) handlePurchase(ctx context.Context, job queue.Job) ([]byte, error
 	return []byte("sold"), nil
 }
 
-// strategies, in the order they are shown, with each one's sale.
+// strategies, in the order they are shown, with each one's sale; the queue's
+// runs on PostgreSQL only.
 var strategies = []struct {
-	name string
-	sell func(s *shop, ctx context.Context, product string) error
+	name         string
+	sell         func(s *shop, ctx context.Context, product string) error
+	postgresOnly bool
 }{
-	{"naive-mutex", (*shop).sellWithMutex},
-	{"atomic", (*shop).sellAtomic},
-	{"pessimistic", (*shop).sellPessimistic},
-	{"optimistic", (*shop).sellOptimistic},
-	{"distlock", (*shop).sellWithDistlock},
-	{"queue", (*shop).sellQueued},
+	{"naive-mutex", (*shop).sellWithMutex, false},
+	{"atomic", (*shop).sellAtomic, false},
+	{"pessimistic", (*shop).sellPessimistic, false},
+	{"optimistic", (*shop).sellOptimistic, false},
+	{"distlock", (*shop).sellWithDistlock, false},
+	{"queue", (*shop).sellQueued, true},
 }
 
 // product is the one product every buyer wants.
@@ -178,12 +215,13 @@ func main() {
 		processes = flag.Int("processes", 3, "server processes selling at once")
 		buyers    = flag.Int("buyers", 32, "concurrent buyers in each process")
 		stock     = flag.Int64("stock", 200, "items in stock at the start")
+		server    = flag.String("db", "postgres", "the products table's server: postgres or mariadb")
 	)
 	flag.Parse()
 	if isWorker() {
 		os.Exit(workerMain())
 	}
-	ok, err := run(*processes, *buyers, *stock)
+	ok, err := run(*server, *processes, *buyers, *stock)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "oversell:", err)
 		os.Exit(1)
@@ -204,19 +242,31 @@ type outcome struct {
 type orders struct {
 	Strategy    string `json:"strategy"`
 	Buyers      int    `json:"buyers"`
-	PostgresURL string `json:"postgres_url"` // the run's schema
+	Server      string `json:"server"`       // postgres or mariadb
+	DatabaseURL string `json:"database_url"` // the run's schema or database
 	RedisURL    string `json:"redis_url"`
 	RedisPrefix string `json:"redis_prefix"`
 }
 
-func run(processes, buyers int, stock int64) (ok bool, err error) {
+func run(server string, processes, buyers int, stock int64) (ok bool, err error) {
 	ctx := context.Background()
-	dbURL, dropSchema, err := createSchema(ctx, env("CONTEND_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	var (
+		dbURL string
+		drop  func() error
+	)
+	switch server {
+	case "postgres":
+		dbURL, drop, err = createSchema(ctx, env("CONTEND_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"))
+	case "mariadb":
+		dbURL, drop, err = createDatabase(ctx, env("CONTEND_MARIADB_URL", "mysql://root@127.0.0.1:3306/test"))
+	default:
+		return false, fmt.Errorf("-db %q: want postgres or mariadb", server)
+	}
 	if err != nil {
 		return false, err
 	}
-	defer func() { err = errors.Join(err, dropSchema()) }()
-	db, err := sqlx.Open("pgx", dbURL)
+	defer func() { err = errors.Join(err, drop()) }()
+	db, _, sqlText, err := open(server, dbURL)
 	if err != nil {
 		return false, err
 	}
@@ -225,28 +275,28 @@ func run(processes, buyers int, stock int64) (ok bool, err error) {
 	prefix := "oversell:" + randomID() + ":"
 	defer func() { err = errors.Join(err, deleteKeys(context.WithoutCancel(ctx), redisURL, prefix)) }()
 
-	fmt.Printf("%d server processes × %d buyers each, selling %d items of one product\n\n", processes, buyers, stock)
+	fmt.Printf("%d server processes × %d buyers each, selling %d items of one product (on %s)\n\n", processes, buyers, stock, server)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "strategy\tsold\tstock left\toversold\tsales/s\t")
 	ok = true
 	for _, s := range strategies {
-		// The optimistic guard's version lives on the row it guards; the
-		// queue's handler records each purchase in sales.
-		if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS products, sales;
-			CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0);
-			CREATE TABLE sales (id text PRIMARY KEY, sold boolean NOT NULL)`); err != nil {
+		if s.postgresOnly && server != "postgres" {
+			fmt.Fprintf(w, "%s\t-\t-\t-\t-\t  ← PostgreSQL only\n", s.name)
+			continue
+		}
+		if err := createTables(ctx, db, server); err != nil {
 			return false, err
 		}
-		if _, err := db.ExecContext(ctx, `INSERT INTO products (id, stock) VALUES ($1, $2)`, product, stock); err != nil {
+		if _, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO products (id, stock) VALUES (?, ?)`), product, stock); err != nil {
 			return false, err
 		}
-		total, err := spawn(ctx, processes, orders{Strategy: s.name, Buyers: buyers,
-			PostgresURL: dbURL, RedisURL: redisURL, RedisPrefix: prefix + s.name + ":"})
+		total, err := spawn(ctx, processes, orders{Strategy: s.name, Buyers: buyers, Server: server,
+			DatabaseURL: dbURL, RedisURL: redisURL, RedisPrefix: prefix + s.name + ":"})
 		if err != nil {
 			return false, fmt.Errorf("%s: %w", s.name, err)
 		}
 		var left int64
-		if err := db.GetContext(ctx, &left, `SELECT stock FROM products WHERE id = $1`, product); err != nil {
+		if err := db.GetContext(ctx, &left, sqlText.readStock, product); err != nil {
 			return false, err
 		}
 		// Sales the stock does not show: items sold twice.
@@ -272,6 +322,46 @@ func run(processes, buyers int, stock int64) (ok bool, err error) {
 	return ok, nil
 }
 
+// createTables makes the products table afresh, with the version column the
+// optimistic guard checks, and on PostgreSQL the sales table the queue's
+// handler records each purchase in.
+func createTables(ctx context.Context, db *sqlx.DB, server string) error {
+	stmts := []string{`DROP TABLE IF EXISTS products, sales;
+		CREATE TABLE products (id text PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0);
+		CREATE TABLE sales (id text PRIMARY KEY, sold boolean NOT NULL)`}
+	if server == "mariadb" {
+		stmts = []string{`DROP TABLE IF EXISTS products`,
+			`CREATE TABLE products (id varchar(64) PRIMARY KEY, stock bigint NOT NULL, version bigint NOT NULL DEFAULT 0) ENGINE=InnoDB`}
+	}
+	for _, stmt := range stmts {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// open opens a pool on the run's schema or database, and returns it with
+// what the strategies take and the statements in the server's syntax. On
+// MariaDB, mysqldb.Open sets clientFoundRows, which the strategies need, and
+// mysqldb.Wrap states the dialect once.
+func open(server, dbURL string) (*sqlx.DB, contend.DB, statements, error) {
+	if server != "mariadb" {
+		db, err := sqlx.Open("pgx", dbURL)
+		return db, db, postgresSQL, err
+	}
+	cfg, err := mysqlConfig(dbURL)
+	if err != nil {
+		return nil, nil, statements{}, err
+	}
+	pool, err := mysqldb.Open(cfg)
+	if err != nil {
+		return nil, nil, statements{}, err
+	}
+	db := sqlx.NewDb(pool, "mysql")
+	return db, mysqldb.Wrap(db), mysqlSQL, nil
+}
+
 // serve is one server process: it connects, tells the parent it is ready on
 // out, waits for the word on in, and lets its buyers buy until told "sold
 // out".
@@ -286,7 +376,7 @@ func serve(o orders, in io.Reader, out io.Writer) (outcome, error) {
 	if sell == nil {
 		return outcome{}, fmt.Errorf("unknown strategy %q", o.Strategy)
 	}
-	db, err := sqlx.Open("pgx", o.PostgresURL)
+	db, h, sqlText, err := open(o.Server, o.DatabaseURL)
 	if err != nil {
 		return outcome{}, err
 	}
@@ -298,7 +388,7 @@ func serve(o orders, in io.Reader, out io.Writer) (outcome, error) {
 	}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	s, closeShop, err := openShop(ctx, db, rdb, o.RedisPrefix, o.Strategy == "queue")
+	s, closeShop, err := openShop(ctx, &shop{db: db, h: h, sql: sqlText}, rdb, o.RedisPrefix, o.Strategy == "queue")
 	if err != nil {
 		return outcome{}, err
 	}
@@ -348,16 +438,15 @@ func serve(o orders, in io.Reader, out io.Writer) (outcome, error) {
 	return res, nil
 }
 
-// openShop makes a process's shop on db and rdb, with a queue consumer when
-// withQueue is set, and returns it with what closes it.
-func openShop(ctx context.Context, db *sqlx.DB, rdb *redis.Client, prefix string, withQueue bool) (*shop, func(), error) {
-	s := &shop{db: db}
+// openShop makes s's guards, on s.h and rdb, with a queue consumer when
+// withQueue is set, and returns s with what closes it.
+func openShop(ctx context.Context, s *shop, rdb *redis.Client, prefix string, withQueue bool) (*shop, func(), error) {
 	var err error
-	if s.locker, err = pessimistic.New(db, pessimistic.Config{Table: "products"}); err != nil {
+	if s.locker, err = pessimistic.New(s.h, pessimistic.Config{Table: "products"}); err != nil {
 		return nil, nil, err
 	}
 	// Every buyer retries on the one hot row: allow many attempts.
-	if s.guard, err = optimistic.NewGuard(db, optimistic.Config{Table: "products", Retry: contend.Retry{MaxAttempts: 1000}}); err != nil {
+	if s.guard, err = optimistic.NewGuard(s.h, optimistic.Config{Table: "products", Retry: contend.Retry{MaxAttempts: 1000}}); err != nil {
 		return nil, nil, err
 	}
 	if s.locks, err = distlock.NewClient(rdb, distlock.Config{Prefix: prefix + "locks:"}); err != nil {
@@ -503,18 +592,56 @@ func createSchema(ctx context.Context, server string) (schemaURL string, drop fu
 	q.Set("search_path", name) // sent to the server as a run-time setting
 	u.RawQuery = q.Encode()
 	execute := func(ctx context.Context, stmt string) error {
-		db, err := sqlx.Open("pgx", server)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		_, err = db.ExecContext(ctx, stmt)
-		return err
+		return execOnce(ctx, func() (*sql.DB, error) { return sql.Open("pgx", server) }, stmt)
 	}
 	if err := execute(ctx, "CREATE SCHEMA "+name); err != nil {
 		return "", nil, fmt.Errorf("create schema: %w", err)
 	}
 	return u.String(), func() error { return execute(context.WithoutCancel(ctx), "DROP SCHEMA "+name+" CASCADE") }, nil
+}
+
+// execOnce runs stmt on a pool of its own, opened by open on the server
+// (not the run's schema or database), and closes the pool.
+func execOnce(ctx context.Context, open func() (*sql.DB, error), stmt string) error {
+	db, err := open()
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	_, err = db.ExecContext(ctx, stmt)
+	return err
+}
+
+// mysqlConfig is the driver's config for a mysql://user:password@host:port/database URL.
+func mysqlConfig(rawURL string) (*mysql.Config, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "mysql" {
+		return nil, fmt.Errorf("CONTEND_MARIADB_URL %q: want mysql://user:password@host:port/database", rawURL)
+	}
+	cfg := mysql.NewConfig()
+	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, strings.TrimPrefix(u.Path, "/")
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	return cfg, nil
+}
+
+// createDatabase creates a database of the run's own on the MariaDB server,
+// and returns a URL whose connections use it, and what drops it.
+func createDatabase(ctx context.Context, server string) (dbURL string, drop func() error, err error) {
+	name := "oversell_" + randomID()
+	cfg, err := mysqlConfig(server)
+	if err != nil {
+		return "", nil, err
+	}
+	execute := func(ctx context.Context, stmt string) error {
+		return execOnce(ctx, func() (*sql.DB, error) { return mysqldb.Open(cfg) }, stmt)
+	}
+	if err := execute(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", nil, fmt.Errorf("create database: %w", err)
+	}
+	u, _ := url.Parse(server)
+	u.Path = "/" + name
+	return u.String(), func() error { return execute(context.WithoutCancel(ctx), "DROP DATABASE "+name) }, nil
 }
 
 // deleteKeys deletes the Redis keys under prefix.

@@ -20,7 +20,18 @@ func TestMain(m *testing.M) {
 // From a clean start, in one call: the naive mutex oversells across three
 // processes, and every strategy sells exactly the stock.
 func TestOversell(t *testing.T) {
-	ok, err := run(3, 8, 60)
+	ok, err := run("postgres", 3, 8, 60)
+	require.NoError(t, err)
+	require.True(t, ok, "see the table above")
+}
+
+// The same on MariaDB, through mysqldb: the naive mutex oversells, and
+// atomic, pessimistic, optimistic and distlock sell exactly the stock.
+func TestOversellOnMariaDB(t *testing.T) {
+	if _, err := testserver.MariaDBURL(); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := run("mariadb", 3, 8, 60)
 	require.NoError(t, err)
 	require.True(t, ok, "see the table above")
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/contend/contend/internal/workers"
 )
 
 // A Child is the test binary run again as a process of its own, running one
@@ -30,7 +32,7 @@ func StartChild(t testing.TB, test string, env ...string) *Child {
 	t.Helper()
 	name, _, _ := strings.Cut(test, "/")
 	cmd := exec.Command(os.Args[0], "-test.run=^"+regexp.QuoteMeta(name)+"$", "-test.count=1", "-test.v=false", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = workers.Environ(env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatalf("harness: child %s: %v", name, err)

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/contend/contend/internal/workers"
 )
 
 // childEnv carries a worker process's orders from the parent test.
@@ -184,7 +186,7 @@ func startChild(ctx context.Context, test string, o orders) (*child, error) {
 		return nil, err
 	}
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run="+runName(test), "-test.count=1", "-test.v=false")
-	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
+	cmd.Env = workers.Environ(childEnv + "=" + string(raw))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

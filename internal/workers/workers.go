@@ -44,7 +44,7 @@ func Spawn[R any](ctx context.Context, n int, env []string) ([]R, error) {
 	}()
 	for i := range procs {
 		cmd := exec.CommandContext(ctx, self)
-		cmd.Env = append(os.Environ(), env...)
+		cmd.Env = Environ(env...)
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
@@ -78,6 +78,24 @@ func Spawn[R any](ctx context.Context, n int, env []string) ([]R, error) {
 		}
 	}
 	return reports, nil
+}
+
+// Environ returns the environment of a copy of this program: this
+// process's, with extra ("NAME=value") added.
+//
+// Under the race detector a process sleeps for GORACE's atexit_sleep_ms
+// (default 1s) as it exits, so that races in goroutines still running can be
+// reported. A copy is waited for until it exits, and its work is over by
+// then (a test binary's copy has also checked that no goroutine is left), so
+// the copies skip that sleep unless GORACE already says how long it is:
+// otherwise every start of a set of copies costs a second of waiting.
+func Environ(extra ...string) []string {
+	env := append(os.Environ(), extra...)
+	gorace := os.Getenv("GORACE")
+	if strings.Contains(gorace, "atexit_sleep_ms") {
+		return env
+	}
+	return append(env, "GORACE="+strings.TrimSpace(gorace+" atexit_sleep_ms=0"))
 }
 
 // Ready is a copy's side of the start: it tells the parent this copy is
