@@ -167,6 +167,7 @@ func TestQuorumHolderLearnsItLostTheMajority(t *testing.T) {
 // "taken" and two are cut off (a blackhole: nothing forwarded, nothing
 // closed), so ctx's deadline ends the attempt itself, not a backoff.
 func TestQuorumWaitEndedMidAttemptIsALostRace(t *testing.T) {
+	t.Parallel()
 	_, clients, _ := nodes(t, 3)
 	var via []redis.Scripter
 	for i, c := range clients {

@@ -151,7 +151,24 @@ func TestStartRedis(t *testing.T) {
 func TestStartRetriesTakenPort(t *testing.T) {
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	defer taken.Close()
+	// The listener hangs up on whoever connects, so that a probe of the
+	// taken port fails at once rather than after its timeout, and the
+	// server's exit is seen at the next poll.
+	hangingUp := make(chan struct{})
+	go func() {
+		defer close(hangingUp)
+		for {
+			c, err := taken.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	defer func() {
+		taken.Close()
+		<-hangingUp
+	}()
 	pick := freePort
 	t.Cleanup(func() { freePort = pick })
 

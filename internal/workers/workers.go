@@ -81,21 +81,30 @@ func Spawn[R any](ctx context.Context, n int, env []string) ([]R, error) {
 }
 
 // Environ returns the environment of a copy of this program: this
-// process's, with extra ("NAME=value") added.
-//
-// Under the race detector a process sleeps for GORACE's atexit_sleep_ms
-// (default 1s) as it exits, so that races in goroutines still running can be
-// reported. A copy is waited for until it exits, and its work is over by
-// then (a test binary's copy has also checked that no goroutine is left), so
-// the copies skip that sleep unless GORACE already says how long it is:
-// otherwise every start of a set of copies costs a second of waiting.
+// process's, with extra ("NAME=value") added, and the GORACE of
+// [QuickRaceExit].
 func Environ(extra ...string) []string {
 	env := append(os.Environ(), extra...)
-	gorace := os.Getenv("GORACE")
-	if strings.Contains(gorace, "atexit_sleep_ms") {
-		return env
+	if gorace, ok := QuickRaceExit(); ok {
+		env = append(env, "GORACE="+gorace)
 	}
-	return append(env, "GORACE="+strings.TrimSpace(gorace+" atexit_sleep_ms=0"))
+	return env
+}
+
+// QuickRaceExit returns the GORACE under which a copy of this program exits
+// at once: under the race detector a process sleeps for GORACE's
+// atexit_sleep_ms (default 1s) as it exits, so that races in goroutines
+// still running can be reported. A copy is waited for until it exits, and
+// its work is over by then (a test binary's copy has also checked that no
+// goroutine is left), so the sleep only costs every start of a set of copies
+// a second. ok is false when this process's GORACE already says how long the
+// sleep is: it is left alone.
+func QuickRaceExit() (gorace string, ok bool) {
+	gorace = os.Getenv("GORACE")
+	if strings.Contains(gorace, "atexit_sleep_ms") {
+		return "", false
+	}
+	return strings.TrimSpace(gorace + " atexit_sleep_ms=0"), true
 }
 
 // Ready is a copy's side of the start: it tells the parent this copy is
