@@ -160,7 +160,7 @@ func (o Options) validate() error {
 // a cell per strategy that races with nobody), short cells. Every invariant
 // is still checked.
 func quick(o Options) Options {
-	o.Duration = 150 * time.Millisecond
+	o.Duration = 100 * time.Millisecond
 	o.Workers = []int{8}
 	o.Keys = []int{1, 100}
 	return o
