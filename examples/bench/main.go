@@ -182,7 +182,7 @@ func quick(o Options) Options {
 	if len(o.Strategies) == 0 {
 		o.Strategies = append(slices.Clone(defaultStrategies), quickMariaDB...)
 	}
-	o.Duration = 150 * time.Millisecond
+	o.Duration = 100 * time.Millisecond
 	o.Workers = []int{8}
 	o.Keys = []int{1, 100}
 	return o
