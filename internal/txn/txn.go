@@ -159,13 +159,12 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 		return onceEnding(ctx, d, opts, fn)
 	}
 	// txCtx is cancelled when ctx ends during BEGIN, and when a COMMIT or
-	// ROLLBACK outlives its bound: drivers that watch it (pgx) then close the
-	// connection instead of waiting for an answer. endCtx, under which pgx
-	// commits or rolls back, ends only with the bound: a rollback after ctx
-	// ended during BEGIN is still waited for.
+	// ROLLBACK outlives its bound. The handles that come here (lib/pq's and
+	// go-sql-driver/mysql's, through database/sql) commit and roll back
+	// under no ctx at all, so the bound is kept by Within's timer, and the
+	// call is left to finish alone.
 	txCtx, abandonTx := context.WithCancel(context.WithoutCancel(ctx))
-	endCtx, abandonEnd := context.WithCancel(context.WithoutCancel(ctx))
-	e := ender{ctx: endCtx, abandon: func() { abandonTx(); abandonEnd() }, bound: opts.FinishTimeout}
+	e := ender{ctx: txCtx, abandon: abandonTx, bound: opts.FinishTimeout}
 	stopWatching := context.AfterFunc(ctx, abandonTx)
 	tx, err := e.begin(ctx, d, txCtx, opts.txOptions())
 	inTime := stopWatching() // false: ctx ended during BEGIN
