@@ -209,14 +209,8 @@ func rawGuard(fn func(ctx context.Context, q contend.DBTX, key string) error, bo
 	return func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
 		return func(ctx context.Context, key string) error {
 			return rawRetry(ctx, attempts, func() (applied bool, err error) {
-				txCtx := ctx
-				if bounded {
-					c, abandon := context.WithCancel(context.WithoutCancel(ctx))
-					defer abandon()
-					t := time.AfterFunc(5*time.Second, abandon)
-					defer t.Stop()
-					txCtx = c
-				}
+				txCtx, done := workload.TxContext(ctx, bounded, 5*time.Second)
+				defer done()
 				tx, err := db.BeginTx(txCtx, nil)
 				if err != nil {
 					return false, err

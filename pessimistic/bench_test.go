@@ -71,14 +71,8 @@ func BenchmarkGuard(b *testing.B) {
 func rawLocked(bounded bool) func(b *testing.B, db *sqlx.DB) func(ctx context.Context, key string) error {
 	return func(b *testing.B, db *sqlx.DB) func(ctx context.Context, key string) error {
 		return func(ctx context.Context, key string) error {
-			txCtx := ctx
-			if bounded {
-				c, abandon := context.WithCancel(context.WithoutCancel(ctx))
-				defer abandon()
-				t := time.AfterFunc(5*time.Second, abandon)
-				defer t.Stop()
-				txCtx = c
-			}
+			txCtx, done := workload.TxContext(ctx, bounded, 5*time.Second)
+			defer done()
 			tx, err := db.BeginTx(txCtx, nil)
 			if err != nil {
 				return err

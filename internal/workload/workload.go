@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -20,6 +21,21 @@ import (
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/testserver"
 )
+
+// TxContext returns the context a hand-written transaction begins under,
+// and a func to call when it is over. bounded: the transaction keeps the
+// guards' promise about time, its COMMIT abandoned after bound by a timer
+// that cancels the context (pgx then closes the connection), as the
+// library's is; the raw-bounded benchmarks measure that floor. Otherwise ctx
+// itself.
+func TxContext(ctx context.Context, bounded bool, bound time.Duration) (context.Context, func()) {
+	if !bounded {
+		return ctx, func() {}
+	}
+	txCtx, abandon := context.WithCancel(context.WithoutCancel(ctx))
+	t := time.AfterFunc(bound, abandon)
+	return txCtx, func() { t.Stop(); abandon() }
+}
 
 // Hot is the key of the one row every worker fights over.
 const Hot = "hot"
