@@ -41,6 +41,11 @@ func TestWaitEndedByCtxIsConflictAndCtxError(t *testing.T) {
 			require.ErrorIs(t, err, context.DeadlineExceeded)
 			require.NotErrorIs(t, err, fnRan)
 
+			// The first wait's session leaves the line once the server has
+			// the driver's cancel request, which may still be on its way:
+			// the session seen waiting next must be this call's, not one
+			// still connecting while that one lingers.
+			waitBlocked(t, db, pid, 0)
 			ctx, cancel = context.WithCancel(t.Context())
 			errc := make(chan error, 1)
 			go func() { errc <- l.Do(ctx, "p", func(context.Context) error { return fnRan }) }()
