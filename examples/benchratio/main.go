@@ -14,7 +14,9 @@
 // Both ratios are of time per op, library over raw (below 1 the library is
 // faster); throughput is the inverse, raw's time over the library's. Run
 // with -benchmem, the table also gives both sides' allocs/op and how many
-// more the library makes. A
+// more the library makes. Where go test names the package ("pkg:" lines),
+// names begin with its last element, so that two packages' benchmarks of
+// one name are told apart. A
 // second table pairs the metrics a benchmark reports with b.ReportMetric
 // (distlock's p99-ns, max/min, cpu-ns/op and redis-cpu-ns/op) the same way,
 // where raw reports them too.
@@ -26,6 +28,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -124,12 +127,18 @@ func floors(name string, samples map[string]runs) []string {
 func read(r io.Reader) (map[string]runs, []string, error) {
 	samples := map[string]runs{}
 	var order []string
+	pkg := "" // the package of the lines that follow, as "atomic."
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "pkg: "); ok {
+			pkg = path.Base(strings.TrimSpace(p)) + "."
+			continue
+		}
 		m := line.FindStringSubmatch(sc.Text())
 		if m == nil {
 			continue
 		}
+		m[1] = pkg + m[1]
 		fields := strings.Fields(m[2])
 		if len(fields)%2 != 0 {
 			return nil, nil, fmt.Errorf("%s: values and units do not pair up: %q", m[1], m[2])

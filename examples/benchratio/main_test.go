@@ -53,3 +53,21 @@ func TestRefusesUnpairedValues(t *testing.T) {
 	_, _, err := read(strings.NewReader("BenchmarkX/raw-2  10  100 ns/op 7\n"))
 	require.ErrorContains(t, err, "do not pair up")
 }
+
+func TestTellsPackagesApart(t *testing.T) {
+	const in = `pkg: github.com/contend/contend/atomic
+BenchmarkOnMariaDB/raw/hot-2      10  100 ns/op
+BenchmarkOnMariaDB/contend/hot-2  10  110 ns/op
+pkg: github.com/contend/contend/optimistic
+BenchmarkOnMariaDB/raw/hot-2      10  200 ns/op
+BenchmarkOnMariaDB/optimistic/hot-2  10  300 ns/op
+`
+	samples, order, err := read(strings.NewReader(in))
+	require.NoError(t, err)
+	var out strings.Builder
+	require.Equal(t, 2, write(&out, samples, order))
+	got := out.String()
+	t.Log("\n" + got)
+	require.Regexp(t, `atomic\.BenchmarkOnMariaDB/contend/hot\s+100\s+110\s`, got)
+	require.Regexp(t, `optimistic\.BenchmarkOnMariaDB/optimistic/hot\s+200\s+300\s`, got)
+}
