@@ -2,6 +2,7 @@ package adaptive_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -53,96 +54,118 @@ func benchCounters(b *testing.B, keys []string) *sqlx.DB {
 	return db
 }
 
-// decrement is the fn every guard runs.
-func decrement(db *sqlx.DB, key string) func(ctx context.Context) error {
+// words are the benchmarks' statements in a server's words.
+type words struct {
+	read, write, lockedRead, bump string         // key; key, n (positional: n, key); key; key
+	positional                    bool           // placeholders bind in the order they appear (MySQL)
+	txOptions                     *sql.TxOptions // raw's transactions'
+}
+
+var postgresWords = words{
+	read:       `SELECT n FROM counters WHERE id = $1`,
+	write:      `UPDATE counters SET n = $2 WHERE id = $1`,
+	lockedRead: `SELECT n FROM counters WHERE id = $1 FOR NO KEY UPDATE`,
+	bump:       `UPDATE counters SET version = version + 1 WHERE id = $1`,
+}
+
+// decrement is the fn every guard runs: q's read of key's counter, and its
+// write of it minus one.
+func (w words) decrement(db *sqlx.DB, key string) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
-		q := contend.Querier(ctx, db)
-		var n int64
-		if err := q.QueryRowContext(ctx, `SELECT n FROM counters WHERE id = $1`, key).Scan(&n); err != nil {
-			return err
-		}
-		_, err := q.ExecContext(ctx, `UPDATE counters SET n = $2 WHERE id = $1`, key, n-1)
+		return w.decrementOn(ctx, contend.Querier(ctx, db), key, w.read)
+	}
+}
+
+func (w words) decrementOn(ctx context.Context, q contend.DBTX, key, read string) error {
+	var n int64
+	if err := q.QueryRowContext(ctx, read, key).Scan(&n); err != nil {
 		return err
 	}
+	args := []any{key, n - 1}
+	if w.positional {
+		args = []any{n - 1, key}
+	}
+	_, err := q.ExecContext(ctx, w.write, args...)
+	return err
 }
 
 // An op does one decrement of key.
 type op func(ctx context.Context, key string) error
 
-// An impl builds an op on db. An adaptive one adds the calls it runs locked
-// to locked, so that the benchmark reports how many did.
+// An impl builds an op on db (h, the handle the library is given, wraps it).
+// An adaptive one adds the calls it runs locked to locked, so that the
+// benchmark reports how many did.
 type impl struct {
 	name string
-	new  func(b *testing.B, db *sqlx.DB, locked *atomic.Int64) op
+	new  func(b *testing.B, db *sqlx.DB, h contend.DB, locked *atomic.Int64) op
 }
 
-func guarded(g contend.Guard, db *sqlx.DB) op {
-	return func(ctx context.Context, key string) error { return g.Do(ctx, key, decrement(db, key)) }
+func (w words) guarded(g contend.Guard, db *sqlx.DB) op {
+	return func(ctx context.Context, key string) error { return g.Do(ctx, key, w.decrement(db, key)) }
 }
 
-var impls = []impl{
-	{"raw", func(b *testing.B, db *sqlx.DB, _ *atomic.Int64) op {
-		return func(ctx context.Context, key string) error {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer tx.Rollback()
-			var n int64
-			if err := tx.QueryRowContext(ctx, `SELECT n FROM counters WHERE id = $1 FOR NO KEY UPDATE`, key).Scan(&n); err != nil {
-				return err
-			}
-			if _, err := tx.ExecContext(ctx, `UPDATE counters SET n = $2 WHERE id = $1`, key, n-1); err != nil {
-				return err
-			}
-			return tx.Commit()
-		}
-	}},
-	{"optimistic", func(b *testing.B, db *sqlx.DB, _ *atomic.Int64) op {
-		g, err := optimistic.NewGuard(db, optimistic.Config{Table: "counters", Retry: benchRetry})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return guarded(g, db)
-	}},
-	{"pessimistic", func(b *testing.B, db *sqlx.DB, _ *atomic.Int64) op {
-		l, err := pessimistic.New(db, pessimistic.Config{Table: "counters", Retry: benchRetry})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return guarded(l, db)
-	}},
-	// The floor of the adaptive guard's locked path: the row lock, fn, and
-	// the version bump that keeps optimistic writers of the key from
-	// committing on a read the locked writer made stale. It costs a second
-	// row version per transaction, which pessimistic alone does not write.
-	{"pessimistic-bump", func(b *testing.B, db *sqlx.DB, _ *atomic.Int64) op {
-		l, err := pessimistic.New(db, pessimistic.Config{Table: "counters", Retry: benchRetry})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return func(ctx context.Context, key string) error {
-			return l.Do(ctx, key, func(ctx context.Context) error {
-				if err := decrement(db, key)(ctx); err != nil {
+// impls are the benchmarks' sides, in w.
+func (w words) impls() []impl {
+	return []impl{
+		{"raw", func(b *testing.B, db *sqlx.DB, _ contend.DB, _ *atomic.Int64) op {
+			return func(ctx context.Context, key string) error {
+				tx, err := db.BeginTx(ctx, w.txOptions)
+				if err != nil {
 					return err
 				}
-				_, err := contend.Querier(ctx, db).ExecContext(ctx, `UPDATE counters SET version = version + 1 WHERE id = $1`, key)
-				return err
-			})
-		}
-	}},
-	{"adaptive", func(b *testing.B, db *sqlx.DB, locked *atomic.Int64) op {
-		g, err := adaptive.NewGuard(db, adaptive.Config{Table: "counters", Retry: benchRetry})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return func(ctx context.Context, key string) error {
-			if g.Mode(key) == adaptive.Pessimistic {
-				locked.Add(1)
+				defer tx.Rollback()
+				if err := w.decrementOn(ctx, tx, key, w.lockedRead); err != nil {
+					return err
+				}
+				return tx.Commit()
 			}
-			return g.Do(ctx, key, decrement(db, key))
-		}
-	}},
+		}},
+		{"optimistic", func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {
+			g, err := optimistic.NewGuard(h, optimistic.Config{Table: "counters", Retry: benchRetry})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return w.guarded(g, db)
+		}},
+		{"pessimistic", func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {
+			l, err := pessimistic.New(h, pessimistic.Config{Table: "counters", Retry: benchRetry})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return w.guarded(l, db)
+		}},
+		// The floor of the adaptive guard's locked path: the row lock, fn, and
+		// the version bump that keeps optimistic writers of the key from
+		// committing on a read the locked writer made stale. It costs a second
+		// row version per transaction, which pessimistic alone does not write.
+		{"pessimistic-bump", func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {
+			l, err := pessimistic.New(h, pessimistic.Config{Table: "counters", Retry: benchRetry})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return func(ctx context.Context, key string) error {
+				return l.Do(ctx, key, func(ctx context.Context) error {
+					if err := w.decrement(db, key)(ctx); err != nil {
+						return err
+					}
+					_, err := contend.Querier(ctx, db).ExecContext(ctx, w.bump, key)
+					return err
+				})
+			}
+		}},
+		{"adaptive", func(b *testing.B, db *sqlx.DB, h contend.DB, locked *atomic.Int64) op {
+			g, err := adaptive.NewGuard(h, adaptive.Config{Table: "counters", Retry: benchRetry})
+			if err != nil {
+				b.Fatal(err)
+			}
+			return func(ctx context.Context, key string) error {
+				if g.Mode(key) == adaptive.Pessimistic {
+					locked.Add(1)
+				}
+				return g.Do(ctx, key, w.decrement(db, key))
+			}
+		}},
+	}
 }
 
 // run runs op b.N times from workers goroutines, on the key pick(i) names for
@@ -170,16 +193,27 @@ func run(b *testing.B, workers int, pick func(i int64) string, op op, name strin
 
 // BenchmarkDecrement compares the guards on one hot key and on spread keys.
 func BenchmarkDecrement(b *testing.B) {
+	decrementBench(b, postgresWords.impls(), []int{8, 64}, func(b *testing.B, keys []string) (*sqlx.DB, contend.DB) {
+		db := benchCounters(b, keys)
+		return db, db
+	})
+}
+
+// decrementBench runs impls on the hot key and on spread keys from each of
+// workers, on the counters open makes for the keys: a pool, and the handle
+// the library is given.
+func decrementBench(b *testing.B, impls []impl, workers []int, open func(b *testing.B, keys []string) (*sqlx.DB, contend.DB)) {
 	for _, im := range impls {
 		b.Run(im.name, func(b *testing.B) {
 			for _, w := range workload.Choices() {
 				b.Run(w.Name, func(b *testing.B) {
-					for _, workers := range []int{8, 64} {
-						b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+					for _, n := range workers {
+						b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
 							var locked atomic.Int64
-							op := im.new(b, benchCounters(b, w.Keys), &locked)
+							db, h := open(b, w.Keys)
+							op := im.new(b, db, h, &locked)
 							b.ResetTimer()
-							run(b, workers, func(int64) string { return w.Pick() }, op, im.name, &locked)
+							run(b, n, func(int64) string { return w.Pick() }, op, im.name, &locked)
 						})
 					}
 				})
@@ -192,12 +226,13 @@ func BenchmarkDecrement(b *testing.B) {
 // at random, the second half all to one of them.
 func BenchmarkShift(b *testing.B) {
 	keys := workload.Keys("k", 1000)
-	for _, im := range impls {
+	for _, im := range postgresWords.impls() {
 		b.Run(im.name, func(b *testing.B) {
 			for _, workers := range []int{8, 64} {
 				b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
 					var locked atomic.Int64
-					op := im.new(b, benchCounters(b, keys), &locked)
+					db := benchCounters(b, keys)
+					op := im.new(b, db, db, &locked)
 					half := int64(b.N / 2)
 					b.ResetTimer()
 					run(b, workers, func(i int64) string {

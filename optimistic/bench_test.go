@@ -2,6 +2,7 @@ package optimistic_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -112,32 +113,7 @@ func rawRetry(ctx context.Context, attempts *atomic.Int64, attempt func() (bool,
 // read and version-checked UPDATE written by hand.
 func BenchmarkUpdate(b *testing.B) {
 	bench(b, []impl{
-		{"raw", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
-			const (
-				read  = `SELECT id, owner, balance, version FROM accounts WHERE id = $1`
-				write = `UPDATE accounts SET owner = $3, balance = $4, version = version + 1 WHERE id = $1 AND version = $2`
-			)
-			return func(ctx context.Context, key string) error {
-				return rawRetry(ctx, attempts, func() (bool, error) {
-					conn, err := db.Conn(ctx)
-					if err != nil {
-						return false, err
-					}
-					defer conn.Close()
-					var a account
-					if err := conn.QueryRowContext(ctx, read, key).Scan(&a.ID, &a.Owner, &a.Balance, &a.Version); err != nil {
-						return false, err
-					}
-					a.Balance++
-					res, err := conn.ExecContext(ctx, write, key, a.Version, a.Owner, a.Balance)
-					if err != nil {
-						return false, err
-					}
-					n, err := res.RowsAffected()
-					return n == 1, err
-				})
-			}
-		}},
+		{"raw", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op { return postgresSQL.rawUpdate(db, attempts) }},
 		{"optimistic", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
 			s, err := optimistic.NewStore[account](db, optimistic.Config{Table: "accounts", Retry: benchRetry, Observer: countInto(attempts)})
 			if err != nil {
@@ -156,25 +132,14 @@ func BenchmarkUpdate(b *testing.B) {
 // version, read and write the balance, check and bump the version, commit,
 // or roll back and start over.
 func BenchmarkGuard(b *testing.B) {
-	const (
-		readBalance  = `SELECT balance FROM accounts WHERE id = $1`
-		writeBalance = `UPDATE accounts SET balance = $2 WHERE id = $1`
-	)
-	increment := func(ctx context.Context, q contend.DBTX, key string) error {
-		var balance int64
-		if err := q.QueryRowContext(ctx, readBalance, key).Scan(&balance); err != nil {
-			return err
-		}
-		_, err := q.ExecContext(ctx, writeBalance, key, balance+1)
-		return err
-	}
+	increment := postgresSQL.increment
 	bench(b, []impl{
-		{"raw", rawGuard(increment, false)},
+		{"raw", postgresSQL.rawGuard(increment, false)},
 		// raw-bounded is raw keeping the promise the guard keeps about time:
 		// its COMMIT waits at most a bound, kept by a timer that cancels the
 		// transaction's context (pgx then closes the connection). It is the
 		// floor of a bounded transaction.
-		{"raw-bounded", rawGuard(increment, true)},
+		{"raw-bounded", postgresSQL.rawGuard(increment, true)},
 		{"optimistic", func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
 			g, err := optimistic.NewGuard(db, optimistic.Config{Table: "accounts", Retry: benchRetry, Observer: countInto(attempts)})
 			if err != nil {
@@ -198,20 +163,83 @@ func countInto(n *atomic.Int64) contend.Observer {
 	})
 }
 
+// benchSQL is what the hand-written floors say, in a server's words.
+type benchSQL struct {
+	readBalance, writeBalance string         // key; key, balance
+	read, write               string         // Store.Update's: key; key, version, owner, balance
+	readVersion, bump         string         // the guard's: key; key, version
+	txOptions                 *sql.TxOptions // the guard's transactions'
+	positional                bool           // placeholders bind in the order they appear (MySQL)
+}
+
+var postgresSQL = benchSQL{
+	readBalance:  `SELECT balance FROM accounts WHERE id = $1`,
+	writeBalance: `UPDATE accounts SET balance = $2 WHERE id = $1`,
+	read:         `SELECT id, owner, balance, version FROM accounts WHERE id = $1`,
+	write:        `UPDATE accounts SET owner = $3, balance = $4, version = version + 1 WHERE id = $1 AND version = $2`,
+	readVersion:  `SELECT version FROM accounts WHERE id = $1`,
+	bump:         `UPDATE accounts SET version = version + 1 WHERE id = $1 AND version = $2`,
+}
+
+// increment reads key's balance and writes it back plus one: fn of the
+// guard benchmarks.
+func (s benchSQL) increment(ctx context.Context, q contend.DBTX, key string) error {
+	var balance int64
+	if err := q.QueryRowContext(ctx, s.readBalance, key).Scan(&balance); err != nil {
+		return err
+	}
+	args := []any{key, balance + 1}
+	if s.positional {
+		args = []any{balance + 1, key}
+	}
+	_, err := q.ExecContext(ctx, s.writeBalance, args...)
+	return err
+}
+
+// rawUpdate is BenchmarkUpdate's read and version-checked UPDATE written by
+// hand, on one connection, until it applies.
+func (s benchSQL) rawUpdate(db *sqlx.DB, attempts *atomic.Int64) op {
+	return func(ctx context.Context, key string) error {
+		return rawRetry(ctx, attempts, func() (bool, error) {
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				return false, err
+			}
+			defer conn.Close()
+			var a account
+			if err := conn.QueryRowContext(ctx, s.read, key).Scan(&a.ID, &a.Owner, &a.Balance, &a.Version); err != nil {
+				return false, err
+			}
+			a.Balance++
+			res, err := conn.ExecContext(ctx, s.write, s.writeArgs(key, a)...)
+			if err != nil {
+				return false, err
+			}
+			n, err := res.RowsAffected()
+			return n == 1, err
+		})
+	}
+}
+
+// writeArgs are the write's arguments for a, in the order its placeholders
+// bind: by number on PostgreSQL, by position on MySQL.
+func (s benchSQL) writeArgs(key string, a account) []any {
+	if s.positional {
+		return []any{a.Owner, a.Balance, key, a.Version}
+	}
+	return []any{key, a.Version, a.Owner, a.Balance}
+}
+
 // rawGuard is BenchmarkGuard's transaction written by hand: begin, read the
 // version, fn, check and bump the version, commit, or roll back and start
 // over. bounded bounds the COMMIT with a timer, as the guard does.
-func rawGuard(fn func(ctx context.Context, q contend.DBTX, key string) error, bounded bool) func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
-	const (
-		readVersion = `SELECT version FROM accounts WHERE id = $1`
-		bump        = `UPDATE accounts SET version = version + 1 WHERE id = $1 AND version = $2`
-	)
+func (s benchSQL) rawGuard(fn func(ctx context.Context, q contend.DBTX, key string) error, bounded bool) func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
 	return func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
 		return func(ctx context.Context, key string) error {
 			return rawRetry(ctx, attempts, func() (applied bool, err error) {
 				txCtx, done := workload.TxContext(ctx, bounded, 5*time.Second)
 				defer done()
-				tx, err := db.BeginTx(txCtx, nil)
+				tx, err := db.BeginTx(txCtx, s.txOptions)
 				if err != nil {
 					return false, err
 				}
@@ -221,13 +249,13 @@ func rawGuard(fn func(ctx context.Context, q contend.DBTX, key string) error, bo
 					}
 				}()
 				var version int64
-				if err := tx.QueryRowContext(ctx, readVersion, key).Scan(&version); err != nil {
+				if err := tx.QueryRowContext(ctx, s.readVersion, key).Scan(&version); err != nil {
 					return false, err
 				}
 				if err := fn(ctx, tx, key); err != nil {
 					return false, err
 				}
-				res, err := tx.ExecContext(ctx, bump, key, version)
+				res, err := tx.ExecContext(ctx, s.bump, key, version)
 				if err != nil {
 					return false, err
 				}

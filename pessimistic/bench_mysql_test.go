@@ -4,9 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strconv"
 	"testing"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
@@ -22,8 +22,8 @@ import (
 // beside BenchmarkAdvisoryOnMariaDB/advisory/hot/workers=8 shows the
 // guard's overhead as a ratio.
 func BenchmarkAdvisoryOnMariaDB(b *testing.B) {
-	benchOnMariaDB(b, []mariaImpl{
-		{"raw", func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
+	benchOnMariaDB(b, []workload.MariaDBImpl{
+		{Name: "raw", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
 			return func(ctx context.Context, key string) error {
 				c, err := h.DB.Conn(ctx)
 				if err != nil {
@@ -49,7 +49,7 @@ func BenchmarkAdvisoryOnMariaDB(b *testing.B) {
 				return err
 			}
 		}},
-		{"advisory", func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
+		{Name: "advisory", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
 			a, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{})
 			require.NoError(b, err)
 			return func(ctx context.Context, key string) error {
@@ -69,8 +69,8 @@ const bumpMaria = "UPDATE counters SET n = n + 1 WHERE id = ?"
 // the same transaction written by hand: BEGIN at READ COMMITTED (the
 // Locker's default on MySQL), SELECT ... FOR UPDATE, the bump, COMMIT.
 func BenchmarkGuardOnMariaDB(b *testing.B) {
-	benchOnMariaDB(b, []mariaImpl{
-		{"raw", func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
+	benchOnMariaDB(b, []workload.MariaDBImpl{
+		{Name: "raw", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
 			return func(ctx context.Context, key string) error {
 				tx, err := h.DB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 				if err != nil {
@@ -87,7 +87,7 @@ func BenchmarkGuardOnMariaDB(b *testing.B) {
 				return tx.Commit()
 			}
 		}},
-		{"pessimistic", func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
+		{Name: "pessimistic", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
 			l, err := pessimistic.New(h, pessimistic.Config{Table: "counters"})
 			require.NoError(b, err)
 			return func(ctx context.Context, key string) error {
@@ -100,29 +100,9 @@ func BenchmarkGuardOnMariaDB(b *testing.B) {
 	})
 }
 
-// A mariaImpl builds one side of a MariaDB benchmark on a wrapped pool.
-type mariaImpl struct {
-	name string
-	new  func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error
-}
-
-// benchOnMariaDB runs each impl on the hot key and on spread keys, from 1
-// and 8 workers, each cell on a counters table of its own.
-func benchOnMariaDB(b *testing.B, impls []mariaImpl) {
-	for _, impl := range impls {
-		b.Run(impl.name, func(b *testing.B) {
-			for _, w := range workload.Choices() {
-				b.Run(w.Name, func(b *testing.B) {
-					for _, workers := range []int{1, 8} {
-						b.Run("workers="+strconv.Itoa(workers), func(b *testing.B) {
-							h := testserver.Handle(b, testserver.MariaDBDriver, testserver.MariaDB(b)).(testserver.MariaDBHandle)
-							mariaRows(b, h.DB, "counters", w.Keys...)
-							op := impl.new(b, h)
-							workload.Parallel(b, workers, func(ctx context.Context) error { return op(ctx, w.Pick()) })
-						})
-					}
-				})
-			}
-		})
-	}
+// benchOnMariaDB runs impls on a counters table of each cell's own.
+func benchOnMariaDB(b *testing.B, impls []workload.MariaDBImpl) {
+	workload.OnMariaDB(b, func(b testing.TB, db *sqlx.DB, keys []string) {
+		workload.MariaDBTable(b, db, "counters", "n bigint NOT NULL DEFAULT 0", keys...)
+	}, impls)
 }

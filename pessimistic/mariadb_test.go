@@ -18,6 +18,7 @@ import (
 	"github.com/contend/contend/internal/guardtest"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 	"github.com/contend/contend/pessimistic"
 )
 
@@ -26,12 +27,7 @@ import (
 // mariaRows creates table with one row per key and a counter.
 func mariaRows(t testing.TB, db *sqlx.DB, table string, keys ...string) {
 	t.Helper()
-	_, err := db.Exec("CREATE TABLE " + table + " (id varchar(191) PRIMARY KEY, n bigint NOT NULL DEFAULT 0)")
-	require.NoError(t, err)
-	for _, k := range keys {
-		_, err = db.Exec("INSERT INTO "+table+" (id) VALUES (?)", k)
-		require.NoError(t, err)
-	}
+	workload.MariaDBTable(t, db, table, "n bigint NOT NULL DEFAULT 0", keys...)
 }
 
 func TestLockerIsAGuardOnMariaDB(t *testing.T) {
