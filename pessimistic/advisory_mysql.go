@@ -3,6 +3,7 @@ package pessimistic
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -65,7 +66,7 @@ func newMySQLAdvisory(r runner) (*Advisory, error) {
 // lockSession is Lock on MySQL: see getLock. A call nested in another
 // guard's fn is refused, since it cannot join that transaction: its lock
 // would be released when fn returns, before that transaction commits.
-func (a *Advisory) lockSession(ctx context.Context, key string, what func() string, fn func(context.Context, contend.DBTX) error) error {
+func (a *Advisory) lockSession(ctx context.Context, key string, what func() string, fn func(context.Context, contend.DBTX) error) (err error) {
 	outer, err := a.r.db.Outer(ctx)
 	if err == nil && outer != nil {
 		err = fmt.Errorf("ctx carries a transaction: on MySQL an advisory lock belongs to a session, so it cannot join "+
@@ -80,7 +81,7 @@ func (a *Advisory) lockSession(ctx context.Context, key string, what func() stri
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
 	}
 	s := &session{conn: c, key: key, mode: a.r.mode, timeout: a.r.timeout}
-	defer s.end(finishTimeout(a.r.opts))
+	defer func() { s.end(finishTimeout(a.r.opts), err) }()
 	on, err := sqldb.OpenStd(c, sqldb.MySQL)
 	if err != nil {
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
@@ -186,15 +187,25 @@ func (s *session) set(st lockState) {
 func (s *session) fnReturned(bound time.Duration) { s.finishBy = time.Now().Add(bound) }
 
 // end releases the lock and gives the connection back, or discards it,
-// within what is left of the finish bound: when the bound passes (a
-// network gone silent), the call returns and the release goes on alone
-// until the connection answers or breaks, and discards it when it must.
-func (s *session) end(bound time.Duration) {
+// within what is left of the finish bound. txErr is what the call's
+// transaction came to. When it ended with the server's answer, nothing
+// else uses the connection, and the release runs here under a deadline:
+// go-sql-driver/mysql closes the connection when the deadline passes (a
+// network gone silent), and the release, failed, discards it. Otherwise
+// (a COMMIT or ROLLBACK given up on, still waiting on the connection) the
+// release waits behind it, so it goes on alone past the bound, until the
+// connection answers or breaks, and discards the connection when it must.
+func (s *session) end(bound time.Duration, txErr error) {
 	by := s.finishBy
 	if by.IsZero() {
 		by = time.Now().Add(bound)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), by)
+	if !errors.Is(txErr, txn.ErrNoAnswer) {
+		defer cancel()
+		s.release(ctx)
+		return
+	}
 	_ = txn.Within("release", time.Until(by), func() error {
 		defer cancel()
 		s.release(ctx)
