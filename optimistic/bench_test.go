@@ -232,7 +232,9 @@ func (s benchSQL) writeArgs(key string, a account) []any {
 
 // rawGuard is BenchmarkGuard's transaction written by hand: begin, read the
 // version, fn, check and bump the version, commit, or roll back and start
-// over. bounded bounds the COMMIT with a timer, as the guard does.
+// over. bounded bounds the COMMIT with a timer, as the guard does: through
+// the transaction's context under pgx, through a goroutine under
+// go-sql-driver/mysql, whose COMMIT takes no ctx.
 func (s benchSQL) rawGuard(fn func(ctx context.Context, q contend.DBTX, key string) error, bounded bool) func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
 	return func(b *testing.B, db *sqlx.DB, attempts *atomic.Int64) op {
 		return func(ctx context.Context, key string) error {
@@ -261,6 +263,11 @@ func (s benchSQL) rawGuard(fn func(ctx context.Context, q contend.DBTX, key stri
 				}
 				if n, err := res.RowsAffected(); err != nil || n == 0 {
 					return false, err
+				}
+				if bounded && s.positional {
+					// database/sql's COMMIT takes no ctx: the bound
+					// needs a goroutine, as the guard's does.
+					return true, workload.EndWithin(tx.Commit, 5*time.Second)
 				}
 				return true, tx.Commit()
 			})

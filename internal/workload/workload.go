@@ -37,6 +37,24 @@ func TxContext(ctx context.Context, bounded bool, bound time.Duration) (context.
 	return txCtx, func() { t.Stop(); abandon() }
 }
 
+// EndWithin is the bound TxContext keeps, for a driver whose COMMIT and
+// ROLLBACK take no ctx (lib/pq, go-sql-driver/mysql, through database/sql):
+// it runs end on a goroutine of its own and gives up on it after bound, as
+// the library does. It is the floor of a transaction that keeps the guards'
+// promise about time on those drivers.
+func EndWithin(end func() error, bound time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- end() }()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("no answer within %v: %w", bound, context.DeadlineExceeded)
+	}
+}
+
 // Hot is the key of the one row every worker fights over.
 const Hot = "hot"
 
