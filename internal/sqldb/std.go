@@ -159,9 +159,9 @@ func (d stdDB) Outer(ctx context.Context) (Tx, error) {
 	return h.Tx(), nil
 }
 
-// Begin begins on a connection of its own when the handle is a pool of
-// them, so that Commit and Rollback can close it: the pool then discards
-// it if the driver reported it broken.
+// Begin begins on the handle, a pool or a connection: the transaction's
+// end gives its connection back, and the pool discards one the driver
+// reported broken.
 //
 // database/sql rolls back a transaction whose ctx ends on a goroutine of
 // its own and lets the caller go on at once, before the server has let go
@@ -172,30 +172,15 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 	if !ok || d.tx != nil {
 		return nil, fmt.Errorf("begin on a transaction: %w", contend.ErrInvalid)
 	}
-	// A pool's transaction is begun on a connection taken first, with ctx,
-	// which the transaction's end then gives back. Not under pgx: its
-	// statements, its COMMIT, and the wait for a connection end with their
-	// ctx.
-	var conn *sql.Conn
-	if p, ok := b.(ConnPool); ok && !d.txEnds {
-		c, err := p.Conn(ctx)
-		if err != nil {
-			return nil, err
-		}
-		conn, b = c, c
-	}
 	var o *sql.TxOptions
 	if opts != (TxOptions{}) {
 		o = &sql.TxOptions{Isolation: opts.Isolation, ReadOnly: opts.ReadOnly}
 	}
 	tx, err := b.BeginTx(ctx, o)
 	if err != nil {
-		if conn != nil {
-			_ = conn.Close()
-		}
 		return nil, err
 	}
-	return &stdOwnTx{stdTx: stdTx{stdQuerier{tx, d.ends}}, tx: tx, conn: conn}, nil
+	return &stdOwnTx{stdTx: stdTx{stdQuerier{tx, d.ends}}, tx: tx}, nil
 }
 
 func (d stdDB) Acquire(ctx context.Context) (Conn, error) {
@@ -244,30 +229,15 @@ func (t *stdTx) DBTX() contend.DBTX { return t.db }
 
 type stdOwnTx struct {
 	stdTx
-	tx   *sql.Tx
-	conn *sql.Conn // nil when begun on the caller's connection
+	tx *sql.Tx
 }
 
 // Commit ignores ctx: database/sql ends a transaction under the ctx it
-// was begun with.
-func (t *stdOwnTx) Commit(context.Context) error {
-	err := t.tx.Commit()
-	t.release()
-	return err
-}
+// was begun with. The connection goes back to the pool, which discards it
+// when the driver reported it broken.
+func (t *stdOwnTx) Commit(context.Context) error { return t.tx.Commit() }
 
-func (t *stdOwnTx) Rollback(context.Context) error {
-	err := t.tx.Rollback()
-	t.release()
-	return err
-}
-
-func (t *stdOwnTx) release() {
-	if t.conn != nil {
-		// The pool discards a connection the driver reported broken.
-		_ = t.conn.Close()
-	}
-}
+func (t *stdOwnTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
 type stdStmt struct {
 	s    *sql.Stmt
