@@ -163,9 +163,19 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 	// go-sql-driver/mysql's, through database/sql) commit and roll back
 	// under no ctx at all, so the bound is kept by Within's timer, and the
 	// call is left to finish alone.
-	txCtx, abandonTx := context.WithCancel(context.WithoutCancel(ctx))
+	//
+	// A ctx that cannot end needs no txCtx: BEGIN cannot be cut short by
+	// it, and cancelling the context of a COMMIT or ROLLBACK given up on
+	// changes nothing for database/sql, whose transaction is done once
+	// Commit or Rollback was called. The transaction then costs no context,
+	// and the drivers no goroutine watching one.
+	txCtx, abandonTx := ctx, func() {}
+	stopWatching := func() bool { return true }
+	if ctx.Done() != nil {
+		txCtx, abandonTx = context.WithCancel(context.WithoutCancel(ctx))
+		stopWatching = context.AfterFunc(ctx, abandonTx)
+	}
 	e := ender{ctx: txCtx, abandon: abandonTx, bound: opts.FinishTimeout}
-	stopWatching := context.AfterFunc(ctx, abandonTx)
 	tx, err := e.begin(ctx, d, txCtx, opts.txOptions())
 	inTime := stopWatching() // false: ctx ended during BEGIN
 	if errors.Is(err, ErrNoAnswer) {
