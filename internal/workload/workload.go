@@ -20,6 +20,7 @@ import (
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/txn"
 )
 
 // TxContext returns the context a hand-written transaction begins under,
@@ -39,20 +40,12 @@ func TxContext(ctx context.Context, bounded bool, bound time.Duration) (context.
 
 // EndWithin is the bound TxContext keeps, for a driver whose COMMIT and
 // ROLLBACK take no ctx (lib/pq, go-sql-driver/mysql, through database/sql):
-// it runs end on a goroutine of its own and gives up on it after bound, as
-// the library does. It is the floor of a transaction that keeps the guards'
-// promise about time on those drivers.
+// end runs on a goroutine of its own and is given up on after bound, by
+// the library's own means ([txn.Within]), since no other way exists there.
+// It is the floor of a transaction that keeps the guards' promise about
+// time on those drivers.
 func EndWithin(end func() error, bound time.Duration) error {
-	done := make(chan error, 1)
-	go func() { done <- end() }()
-	t := time.NewTimer(bound)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
-		return fmt.Errorf("no answer within %v: %w", bound, context.DeadlineExceeded)
-	}
+	return txn.Within("commit", bound, end, func() {})
 }
 
 // Hot is the key of the one row every worker fights over.
