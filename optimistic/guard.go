@@ -101,9 +101,10 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	if fn == nil {
 		return fmt.Errorf("optimistic: do %q: nil fn: %w", key, contend.ErrInvalid)
 	}
-	var r *report
+	var r *report // nil: no Observer
 	if g.observer != nil {
-		r = newReport(g.observer, key, g.opts.Retry)
+		rep := newReport(g.observer, key, g.opts.Retry)
+		r = &rep
 	}
 	attempt := func(ctx context.Context, tx sqldb.Tx) error {
 		if r != nil {

@@ -248,10 +248,11 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 	if err != nil {
 		return out, fmt.Errorf("optimistic: update %v: %w", key, err)
 	}
-	var r *report
+	var r *report // nil: no Observer
 	if s.observer != nil {
-		r = newReport(s.observer, key, s.retry)
-		r.joined = !h.Owned()
+		rep := newReport(s.observer, eventKey(key), s.retry)
+		rep.joined = !h.Owned()
+		r = &rep
 	}
 	var q sqldb.Querier
 	retry := s.retry
