@@ -170,13 +170,16 @@ func (d *db) Outer(ctx context.Context) (sqldb.Tx, error) {
 	return nil, nil
 }
 
-func (d *db) Begin(ctx context.Context, opts sqldb.TxOptions) (sqldb.OwnTx, error) {
+func (d *db) Begin(ctx context.Context, opts *sql.TxOptions) (sqldb.OwnTx, error) {
 	if d.begin == nil {
 		return nil, fmt.Errorf("pgxdb: begin on a transaction: %w", contend.ErrInvalid)
 	}
-	o := pgx.TxOptions{IsoLevel: isoLevel(opts.Isolation)}
-	if opts.ReadOnly {
-		o.AccessMode = pgx.ReadOnly
+	var o pgx.TxOptions
+	if opts != nil {
+		o.IsoLevel = isoLevel(opts.Isolation)
+		if opts.ReadOnly {
+			o.AccessMode = pgx.ReadOnly
+		}
 	}
 	t, err := d.begin.BeginTx(ctx, o)
 	if err != nil {

@@ -167,7 +167,7 @@ func (d stdDB) Outer(ctx context.Context) (Tx, error) {
 // its own and lets the caller go on at once, before the server has let go
 // of the transaction's locks; callers (txn) therefore begin on a ctx that
 // the caller's end does not cancel, and roll back themselves.
-func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
+func (d stdDB) Begin(ctx context.Context, opts *sql.TxOptions) (OwnTx, error) {
 	b, ok := d.db.(Beginner)
 	if !ok || d.tx != nil {
 		return nil, fmt.Errorf("begin on a transaction: %w", contend.ErrInvalid)
@@ -184,11 +184,7 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 		}
 		conn, b = c, c
 	}
-	var o *sql.TxOptions
-	if opts != (TxOptions{}) {
-		o = &sql.TxOptions{Isolation: opts.Isolation, ReadOnly: opts.ReadOnly}
-	}
-	tx, err := b.BeginTx(ctx, o)
+	tx, err := b.BeginTx(ctx, opts)
 	if err != nil {
 		if conn != nil {
 			_ = conn.Close()

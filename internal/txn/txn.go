@@ -22,7 +22,8 @@ const DefaultFinishTimeout = 5 * time.Second
 
 // Options says how [Run] runs its transaction.
 type Options struct {
-	// Tx is passed to BeginTx; nil means the driver's defaults.
+	// Tx is passed to BeginTx, and never changed; nil means the driver's
+	// defaults.
 	Tx *sql.TxOptions
 	// Retry bounds the attempts when a transaction fails with a retryable
 	// error.
@@ -34,13 +35,6 @@ type Options struct {
 	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
 	// transaction Run owns (see [Run]). Default: [DefaultFinishTimeout].
 	FinishTimeout time.Duration
-}
-
-func (o Options) txOptions() sqldb.TxOptions {
-	if o.Tx == nil {
-		return sqldb.TxOptions{}
-	}
-	return sqldb.TxOptions{Isolation: o.Tx.Isolation, ReadOnly: o.Tx.ReadOnly}
 }
 
 // Handle is where a guard's statements run, decided from the handle it was
@@ -166,7 +160,7 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 	txCtx, abandonTx := context.WithCancel(context.WithoutCancel(ctx))
 	e := ender{ctx: txCtx, abandon: abandonTx, bound: opts.FinishTimeout}
 	stopWatching := context.AfterFunc(ctx, abandonTx)
-	tx, err := e.begin(ctx, d, txCtx, opts.txOptions())
+	tx, err := e.begin(ctx, d, txCtx, opts.Tx)
 	inTime := stopWatching() // false: ctx ended during BEGIN
 	if errors.Is(err, ErrNoAnswer) {
 		return err // begin rolls back once BEGIN returns
@@ -220,10 +214,10 @@ func onceEnding(ctx context.Context, d sqldb.DB, opts Options, fn func(context.C
 	inTime := true // false: ctx ended during BEGIN
 	var tx sqldb.OwnTx
 	if ctx.Done() == nil {
-		tx, err = d.Begin(txCtx, opts.txOptions())
+		tx, err = d.Begin(txCtx, opts.Tx)
 	} else {
 		stopWatching := context.AfterFunc(ctx, abandon)
-		tx, err = d.Begin(txCtx, opts.txOptions())
+		tx, err = d.Begin(txCtx, opts.Tx)
 		inTime = stopWatching()
 	}
 	if err != nil {
@@ -286,7 +280,7 @@ type ender struct {
 // rolled back once it returns. A handle whose statements end with their ctx
 // ([sqldb.EndsWithCtx]) needs no watching: its BEGIN, under txCtx, ends
 // when ctx does.
-func (e ender) begin(ctx context.Context, d sqldb.DB, txCtx context.Context, opts sqldb.TxOptions) (sqldb.OwnTx, error) {
+func (e ender) begin(ctx context.Context, d sqldb.DB, txCtx context.Context, opts *sql.TxOptions) (sqldb.OwnTx, error) {
 	if sqldb.EndsWithCtx(d) {
 		return d.Begin(txCtx, opts)
 	}
