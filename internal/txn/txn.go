@@ -159,9 +159,15 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 	// call is left to finish alone.
 	txCtx, abandonTx := context.WithCancel(context.WithoutCancel(ctx))
 	e := ender{ctx: txCtx, abandon: abandonTx, bound: opts.FinishTimeout}
-	stopWatching := context.AfterFunc(ctx, abandonTx)
-	tx, err := e.begin(ctx, d, txCtx, opts.Tx)
-	inTime := stopWatching() // false: ctx ended during BEGIN
+	inTime := true // false: ctx ended during BEGIN
+	var tx sqldb.OwnTx
+	if ctx.Done() == nil {
+		tx, err = e.begin(ctx, d, txCtx, opts.Tx)
+	} else {
+		stopWatching := context.AfterFunc(ctx, abandonTx)
+		tx, err = e.begin(ctx, d, txCtx, opts.Tx)
+		inTime = stopWatching()
+	}
 	if errors.Is(err, ErrNoAnswer) {
 		return err // begin rolls back once BEGIN returns
 	}
@@ -279,9 +285,9 @@ type ender struct {
 // [Watch]): when it is given up on, the transaction it may still begin is
 // rolled back once it returns. A handle whose statements end with their ctx
 // ([sqldb.EndsWithCtx]) needs no watching: its BEGIN, under txCtx, ends
-// when ctx does.
+// when ctx does; nor does a ctx that cannot end.
 func (e ender) begin(ctx context.Context, d sqldb.DB, txCtx context.Context, opts *sql.TxOptions) (sqldb.OwnTx, error) {
-	if sqldb.EndsWithCtx(d) {
+	if !NeedsWatch(ctx, d) {
 		return d.Begin(txCtx, opts)
 	}
 	type begun struct {
@@ -450,14 +456,17 @@ func (w *watcher) recycle() {
 // finish after fn, even when ctx has ended: they cannot end with ctx, and
 // must not outlast it by more than a stated bound.
 func Within(op string, bound time.Duration, call func() error, giveUp func()) error {
-	done := make(chan error, 1)
-	go func() { done <- call() }()
+	w := watchers.Get().(*watcher)
+	w.call = call
+	go w.run()
 	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
-	case err := <-done:
-		return err
+	case a := <-w.done:
+		w.recycle()
+		return a.err
 	case <-t.C:
+		// w stays with the call, whose answer nobody reads.
 		giveUp()
 		return fmt.Errorf("%s: %w within %v, the outcome is unknown: %w", op, ErrNoAnswer, bound, context.DeadlineExceeded)
 	}
