@@ -101,16 +101,17 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 	if fn == nil {
 		return fmt.Errorf("optimistic: do %q: nil fn: %w", key, contend.ErrInvalid)
 	}
-	var r *report
+	var r *report // nil: no Observer
 	if g.observer != nil {
-		r = newReport(g.observer, key, g.opts.Retry)
+		rep := newReport(g.observer, key, g.opts.Retry)
+		r = &rep
 	}
 	attempt := func(ctx context.Context, tx sqldb.Tx) error {
 		if r != nil {
 			r.attempt()
 		}
-		var version int64
-		switch err := scanRow(ctx, tx, g.readSQL, []any{key}, &version); {
+		c := newVersionCheck(key)
+		switch err := scanRow(ctx, tx, g.readSQL, c.readArgs(), c.dest[:]...); {
 		case sqldb.NoRows(err):
 			return fmt.Errorf("optimistic: do %q: %w", key, contend.ErrNotFound)
 		case err != nil:
@@ -142,7 +143,7 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 		// commits. fn's writes to the same row (if it has state besides the
 		// version) do not hide a conflict: an UPDATE that leaves the version
 		// column alone carries the latest committed version forward.
-		applied, err := execApplied(ctx, tx, g.bumpSQL, key, version)
+		applied, err := execApplied(ctx, tx, g.bumpSQL, c.bumpArgs()...)
 		if err != nil {
 			return fmt.Errorf("optimistic: do %q: bump version: %w", key, err)
 		}
@@ -174,6 +175,33 @@ func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context)
 		r.end(ctx, attempts, err)
 	}
 	return err
+}
+
+// A versionCheck holds what an attempt's read of the version and its bump
+// hand the driver: the key, the version read, and the slices that carry
+// them. Passed through the driver's interface, each slice and the version
+// would be an allocation of its own; together they are one, and the key is
+// boxed once for both statements. Each attempt has its own: a read given up
+// on (see txn.Watch) may still write its version.
+type versionCheck struct {
+	version int64
+	args    [2]any // key, version
+	dest    [1]any // &version
+}
+
+func newVersionCheck(key string) *versionCheck {
+	c := &versionCheck{args: [2]any{key}}
+	c.dest[0] = &c.version
+	return c
+}
+
+// readArgs returns the arguments of the read: the key.
+func (c *versionCheck) readArgs() []any { return c.args[:1] }
+
+// bumpArgs returns the arguments of the bump: the key and the version read.
+func (c *versionCheck) bumpArgs() []any {
+	c.args[1] = c.version
+	return c.args[:]
 }
 
 func (g *Guard) conflictOrGone(ctx context.Context, q sqldb.Querier, key string, attempts int) error {

@@ -136,11 +136,23 @@ func (m *mapping) field(v reflect.Value, col int) reflect.Value {
 
 // dests returns pointers to v's fields in column order, for Scan.
 func (m *mapping) dests(v reflect.Value) []any {
-	d := make([]any, len(m.cols))
+	return m.appendDests(make([]any, 0, len(m.cols)), v)
+}
+
+// appendDests appends [mapping.dests] to d.
+func (m *mapping) appendDests(d []any, v reflect.Value) []any {
 	for i := range m.cols {
-		d[i] = m.field(v, i).Addr().Interface()
+		d = append(d, m.field(v, i).Addr().Interface())
 	}
 	return d
+}
+
+// attemptArgs returns an empty slice with room for all that one attempt of
+// [Store.Update] hands the driver, one after the other: the read's key, its
+// destinations ([mapping.dests]) and the update's arguments
+// ([mapping.updateArgs]).
+func (m *mapping) attemptArgs() []any {
+	return make([]any, 0, 1+len(m.cols)+len(m.set)+2)
 }
 
 func (m *mapping) keyOf(v reflect.Value) any { return m.field(v, m.key).Interface() }
@@ -166,7 +178,11 @@ func (m *mapping) setVersion(v reflect.Value, n int64) {
 // the parameters of a Store's update statement, in the order they appear
 // in it.
 func (m *mapping) updateArgs(v reflect.Value, key any, version int64) []any {
-	args := make([]any, 0, len(m.set)+2)
+	return m.appendUpdateArgs(make([]any, 0, len(m.set)+2), v, key, version)
+}
+
+// appendUpdateArgs appends [mapping.updateArgs] to args.
+func (m *mapping) appendUpdateArgs(args []any, v reflect.Value, key any, version int64) []any {
 	for _, c := range m.set {
 		args = append(args, m.field(v, c).Interface())
 	}

@@ -37,13 +37,19 @@ type report struct {
 }
 
 // newReport returns the report of a call on key. Callers check that there
-// is an Observer first: without one the key is not even boxed.
-func newReport(o contend.Observer, key any, retry contend.Retry) *report {
-	k, ok := key.(string)
-	if !ok {
-		k = fmt.Sprint(key)
+// is an Observer first: without one the key is not even formatted. The
+// report is a value, for the caller's stack: only the call's own frames
+// see it.
+func newReport(o contend.Observer, key string, retry contend.Retry) report {
+	return report{o: o, key: key, max: retry.Attempts(), began: time.Now()}
+}
+
+// eventKey is key as an [contend.Event] names it.
+func eventKey(key any) string {
+	if k, ok := key.(string); ok {
+		return k
 	}
-	return &report{o: o, key: k, max: retry.Attempts(), began: time.Now()}
+	return fmt.Sprint(key)
 }
 
 // attempt notes that an attempt starts: its read.

@@ -248,10 +248,11 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 	if err != nil {
 		return out, fmt.Errorf("optimistic: update %v: %w", key, err)
 	}
-	var r *report
+	var r *report // nil: no Observer
 	if s.observer != nil {
-		r = newReport(s.observer, key, s.retry)
-		r.joined = !h.Owned()
+		rep := newReport(s.observer, eventKey(key), s.retry)
+		rep.joined = !h.Owned()
+		r = &rep
 	}
 	var q sqldb.Querier
 	retry := s.retry
@@ -297,20 +298,32 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		if r != nil {
 			r.attempt()
 		}
-		var v T
-		if err := s.get(ctx, q, key, &v); err != nil {
+		// An attempt allocates twice: a, the value, and args, one slice
+		// cut in three for the read's key, its destinations (a.v's fields)
+		// and the update's arguments, which would each be an allocation
+		// of their own, escaping through the driver's interface. Each
+		// attempt has its own: a read given up on (see txn.Watch) may
+		// still scan into them.
+		a := new(updateAttempt[T])
+		rv := reflect.ValueOf(&a.v).Elem()
+		args := append(s.m.attemptArgs(), key)
+		readArgs, dests := args[:1], s.m.appendDests(args[1:1], rv)
+		switch err := scanRow(ctx, q, s.selectSQL, readArgs, dests...); {
+		case sqldb.NoRows(err):
+			return contend.ErrNotFound
+		case err != nil:
 			return err
 		}
-		rv := reflect.ValueOf(&v).Elem()
+		a.read = a.v
 		version = s.m.versionOf(rv)
-		rowKey := s.m.keyOf(rv)
-		if err := fn(&v); err != nil {
+		if err := fn(&a.v); err != nil {
 			if r != nil {
 				r.fnErr = err
 			}
 			return fnError{err}
 		}
-		applied, err := execApplied(ctx, q, s.updateSQL, s.m.updateArgs(rv, key, version)...)
+		update := s.m.appendUpdateArgs(dests[len(dests):], rv, key, version)
+		applied, err := execApplied(ctx, q, s.updateSQL, update...)
 		if err != nil {
 			return err
 		}
@@ -320,9 +333,9 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		// The key is not written (it is the WHERE) and the version is the
 		// statement's: give back what the row now has, whatever fn did to
 		// those fields.
-		s.m.field(rv, s.m.key).Set(reflect.ValueOf(rowKey))
+		s.m.field(rv, s.m.key).Set(s.m.field(reflect.ValueOf(&a.read).Elem(), s.m.key))
 		s.m.setVersion(rv, version+1)
-		out = v
+		out = a.v
 		return nil
 	}, again)
 	var probe sqldb.Querier = s.db
@@ -334,6 +347,13 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 		r.end(ctx, attempts, err)
 	}
 	return out, err
+}
+
+// An updateAttempt is the value one attempt of [Store.Update] reads into
+// and hands fn, beside the row as read, in one allocation.
+type updateAttempt[T any] struct {
+	v    T // read, then changed by fn
+	read T // as read: the key Update gives back is the row's
 }
 
 // fnError carries fn's error through the retry loop, marking it as fn's so

@@ -101,17 +101,17 @@ func (i invalid) ContendDB() (sqldb.DB, error) { return nil, i.err }
 
 // db is a wrapped handle: a pool when tx is nil.
 type db struct {
-	h       Handle
-	begin   beginner      // nil for a pgx.Tx
-	tx      *tx           // nil for a pool
-	pool    *pgxpool.Pool // nil unless h is one: Acquire takes a connection of it
-	release func()        // gives back a connection Acquire took; nil otherwise
+	h     Handle
+	begin beginner      // nil for a pgx.Tx
+	tx    *tx           // nil for a pool
+	pool  *pgxpool.Pool // nil unless h is one: Acquire takes a connection of it
+	conn  *pgxpool.Conn // a connection Acquire took, to give back; nil otherwise
 }
 
 // Release gives back a connection [db.Acquire] took.
 func (d *db) Release() {
-	if d.release != nil {
-		d.release()
+	if d.conn != nil {
+		d.conn.Release()
 	}
 }
 
@@ -170,13 +170,16 @@ func (d *db) Outer(ctx context.Context) (sqldb.Tx, error) {
 	return nil, nil
 }
 
-func (d *db) Begin(ctx context.Context, opts sqldb.TxOptions) (sqldb.OwnTx, error) {
+func (d *db) Begin(ctx context.Context, opts *sql.TxOptions) (sqldb.OwnTx, error) {
 	if d.begin == nil {
 		return nil, fmt.Errorf("pgxdb: begin on a transaction: %w", contend.ErrInvalid)
 	}
-	o := pgx.TxOptions{IsoLevel: isoLevel(opts.Isolation)}
-	if opts.ReadOnly {
-		o.AccessMode = pgx.ReadOnly
+	var o pgx.TxOptions
+	if opts != nil {
+		o.IsoLevel = isoLevel(opts.Isolation)
+		if opts.ReadOnly {
+			o.AccessMode = pgx.ReadOnly
+		}
 	}
 	t, err := d.begin.BeginTx(ctx, o)
 	if err != nil {
@@ -193,7 +196,7 @@ func (d *db) Acquire(ctx context.Context) (sqldb.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &db{h: c, begin: c, pool: nil, release: c.Release}, nil
+	return &db{h: c, begin: c, conn: c}, nil
 }
 
 // Prepare keeps the text only: pgx prepares and caches each statement per

@@ -46,13 +46,6 @@ type Rows interface {
 	Close() error
 }
 
-// TxOptions are the options of [DB.Begin]; the zero value is the server's
-// defaults.
-type TxOptions struct {
-	Isolation sql.IsolationLevel
-	ReadOnly  bool
-}
-
 // Tx is a transaction a guard runs fn in: one it began, or the caller's.
 type Tx interface {
 	Querier
@@ -107,8 +100,9 @@ type DB interface {
 	// holds.
 	Outer(ctx context.Context) (Tx, error)
 	// Begin begins a transaction on a pool, on a connection of its own
-	// that Commit and Rollback give back.
-	Begin(ctx context.Context, opts TxOptions) (OwnTx, error)
+	// that Commit and Rollback give back. nil opts means the server's
+	// defaults; only Isolation and ReadOnly are read.
+	Begin(ctx context.Context, opts *sql.TxOptions) (OwnTx, error)
 	// Acquire returns one connection of a pool for a few statements in a
 	// row; a handle that is one connection already returns itself.
 	Acquire(ctx context.Context) (Conn, error)

@@ -167,16 +167,12 @@ func (d stdDB) Outer(ctx context.Context) (Tx, error) {
 // its own and lets the caller go on at once, before the server has let go
 // of the transaction's locks; callers (txn) therefore begin on a ctx that
 // the caller's end does not cancel, and roll back themselves.
-func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
+func (d stdDB) Begin(ctx context.Context, opts *sql.TxOptions) (OwnTx, error) {
 	b, ok := d.db.(Beginner)
 	if !ok || d.tx != nil {
 		return nil, fmt.Errorf("begin on a transaction: %w", contend.ErrInvalid)
 	}
-	var o *sql.TxOptions
-	if opts != (TxOptions{}) {
-		o = &sql.TxOptions{Isolation: opts.Isolation, ReadOnly: opts.ReadOnly}
-	}
-	tx, err := b.BeginTx(ctx, o)
+	tx, err := b.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -186,13 +182,16 @@ func (d stdDB) Begin(ctx context.Context, opts TxOptions) (OwnTx, error) {
 func (d stdDB) Acquire(ctx context.Context) (Conn, error) {
 	p, ok := d.db.(ConnPool)
 	if !ok {
-		return stdConn{stdQuerier: d.stdQuerier}, nil
+		return handleConn{d.stdQuerier}, nil
 	}
 	c, err := p.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return stdConn{stdQuerier{c, d.ends}, c}, nil
+	if d.ends {
+		return endingPoolConn{poolConn{c}}, nil
+	}
+	return poolConn{c}, nil
 }
 
 func (d stdDB) Prepare(ctx context.Context, query string) (Stmt, error) {
@@ -207,16 +206,36 @@ func (d stdDB) Prepare(ctx context.Context, query string) (Stmt, error) {
 	return stdStmt{s, d.ends}, nil
 }
 
-type stdConn struct {
-	stdQuerier
-	c *sql.Conn // nil: the handle itself, not the library's to give back
+// handleConn is [stdDB.Acquire]'s answer on a handle that is one
+// connection already (a *sql.Conn, or a wrapper of the caller's): the
+// handle itself, not the library's to give back.
+type handleConn struct{ stdQuerier }
+
+func (handleConn) Release() {}
+
+// poolConn is a connection [stdDB.Acquire] took from a pool, which Release
+// gives back; endingPoolConn is one whose statements end with their ctx
+// (see [EndsWithCtx]). Each is a single pointer, so that handing one out as
+// a [Conn] allocates nothing: a Store's Update takes one per attempt.
+type poolConn struct{ c *sql.Conn }
+
+type endingPoolConn struct{ poolConn }
+
+func (endingPoolConn) StatementsEndWithCtx() bool { return true }
+
+func (p poolConn) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	return stdQuerier{db: p.c}.Exec(ctx, query, args...)
 }
 
-func (c stdConn) Release() {
-	if c.c != nil {
-		_ = c.c.Close()
-	}
+func (p poolConn) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return stdQuerier{db: p.c}.QueryRow(ctx, query, args...)
 }
+
+func (p poolConn) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	return stdQuerier{db: p.c}.Query(ctx, query, args...)
+}
+
+func (p poolConn) Release() { _ = p.c.Close() }
 
 // stdTx is a database/sql transaction: a *sql.Tx or sqlx's Tx.
 type stdTx struct{ stdQuerier }

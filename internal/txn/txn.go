@@ -22,7 +22,8 @@ const DefaultFinishTimeout = 5 * time.Second
 
 // Options says how [Run] runs its transaction.
 type Options struct {
-	// Tx is passed to BeginTx; nil means the driver's defaults.
+	// Tx is passed to BeginTx, and never changed; nil means the driver's
+	// defaults.
 	Tx *sql.TxOptions
 	// Retry bounds the attempts when a transaction fails with a retryable
 	// error.
@@ -34,13 +35,6 @@ type Options struct {
 	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
 	// transaction Run owns (see [Run]). Default: [DefaultFinishTimeout].
 	FinishTimeout time.Duration
-}
-
-func (o Options) txOptions() sqldb.TxOptions {
-	if o.Tx == nil {
-		return sqldb.TxOptions{}
-	}
-	return sqldb.TxOptions{Isolation: o.Tx.Isolation, ReadOnly: o.Tx.ReadOnly}
 }
 
 // Handle is where a guard's statements run, decided from the handle it was
@@ -176,7 +170,7 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 		stopWatching = context.AfterFunc(ctx, abandonTx)
 	}
 	e := ender{ctx: txCtx, abandon: abandonTx, bound: opts.FinishTimeout}
-	tx, err := e.begin(ctx, d, txCtx, opts.txOptions())
+	tx, err := e.begin(ctx, d, txCtx, opts.Tx)
 	inTime := stopWatching() // false: ctx ended during BEGIN
 	if errors.Is(err, ErrNoAnswer) {
 		return err // begin rolls back once BEGIN returns
@@ -230,10 +224,10 @@ func onceEnding(ctx context.Context, d sqldb.DB, opts Options, fn func(context.C
 	inTime := true // false: ctx ended during BEGIN
 	var tx sqldb.OwnTx
 	if ctx.Done() == nil {
-		tx, err = d.Begin(txCtx, opts.txOptions())
+		tx, err = d.Begin(txCtx, opts.Tx)
 	} else {
 		stopWatching := context.AfterFunc(ctx, abandon)
-		tx, err = d.Begin(txCtx, opts.txOptions())
+		tx, err = d.Begin(txCtx, opts.Tx)
 		inTime = stopWatching()
 	}
 	if err != nil {
@@ -295,9 +289,9 @@ type ender struct {
 // [Watch]): when it is given up on, the transaction it may still begin is
 // rolled back once it returns. A handle whose statements end with their ctx
 // ([sqldb.EndsWithCtx]) needs no watching: its BEGIN, under txCtx, ends
-// when ctx does.
-func (e ender) begin(ctx context.Context, d sqldb.DB, txCtx context.Context, opts sqldb.TxOptions) (sqldb.OwnTx, error) {
-	if sqldb.EndsWithCtx(d) {
+// when ctx does; nor does a ctx that cannot end.
+func (e ender) begin(ctx context.Context, d sqldb.DB, txCtx context.Context, opts *sql.TxOptions) (sqldb.OwnTx, error) {
+	if !NeedsWatch(ctx, d) {
 		return d.Begin(txCtx, opts)
 	}
 	type begun struct {
@@ -466,14 +460,17 @@ func (w *watcher) recycle() {
 // finish after fn, even when ctx has ended: they cannot end with ctx, and
 // must not outlast it by more than a stated bound.
 func Within(op string, bound time.Duration, call func() error, giveUp func()) error {
-	done := make(chan error, 1)
-	go func() { done <- call() }()
+	w := watchers.Get().(*watcher)
+	w.call = call
+	go w.run()
 	t := time.NewTimer(bound)
 	defer t.Stop()
 	select {
-	case err := <-done:
-		return err
+	case a := <-w.done:
+		w.recycle()
+		return a.err
 	case <-t.C:
+		// w stays with the call, whose answer nobody reads.
 		giveUp()
 		return fmt.Errorf("%s: %w within %v, the outcome is unknown: %w", op, ErrNoAnswer, bound, context.DeadlineExceeded)
 	}
