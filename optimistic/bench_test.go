@@ -211,7 +211,14 @@ func (s benchSQL) rawUpdate(db *sqlx.DB, attempts *atomic.Int64) op {
 				return false, err
 			}
 			a.Balance++
-			res, err := conn.ExecContext(ctx, s.write, s.writeArgs(key, a)...)
+			// The arguments in the order the placeholders bind: by number
+			// on PostgreSQL, by position on MySQL.
+			var res sql.Result
+			if s.positional {
+				res, err = conn.ExecContext(ctx, s.write, a.Owner, a.Balance, key, a.Version)
+			} else {
+				res, err = conn.ExecContext(ctx, s.write, key, a.Version, a.Owner, a.Balance)
+			}
 			if err != nil {
 				return false, err
 			}
@@ -219,15 +226,6 @@ func (s benchSQL) rawUpdate(db *sqlx.DB, attempts *atomic.Int64) op {
 			return n == 1, err
 		})
 	}
-}
-
-// writeArgs are the write's arguments for a, in the order its placeholders
-// bind: by number on PostgreSQL, by position on MySQL.
-func (s benchSQL) writeArgs(key string, a account) []any {
-	if s.positional {
-		return []any{a.Owner, a.Balance, key, a.Version}
-	}
-	return []any{key, a.Version, a.Owner, a.Balance}
 }
 
 // rawGuard is BenchmarkGuard's transaction written by hand: begin, read the
