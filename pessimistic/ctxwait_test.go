@@ -33,7 +33,14 @@ func TestWaitEndedByCtxIsConflictAndCtxError(t *testing.T) {
 			holder, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{})
 			require.NoError(t, err)
 			fnRan := errors.New("fn ran")
+			// warm leaves a connection of h's idle in its pool, so that a
+			// timed call spends its deadline waiting for the lock, not
+			// dialing: a loaded machine has taken over 500ms to connect.
+			warm := func() {
+				require.NoError(t, a.Do(t.Context(), key+":warm", func(context.Context) error { return nil }))
+			}
 
+			warm()
 			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 			defer cancel()
 			err = l.Do(ctx, "p", func(context.Context) error { return fnRan })
@@ -55,10 +62,11 @@ func TestWaitEndedByCtxIsConflictAndCtxError(t *testing.T) {
 			require.ErrorIs(t, err, contend.ErrConflict)
 			require.ErrorIs(t, err, context.Canceled)
 
-			// The deadlines leave room for a new connection: pgx closes one
-			// whose statement ctx cut short, and a ctx that ends while the
-			// pool dials ends before any wait (the last case below).
+			// pgx closes a connection whose statement ctx cut short, and a
+			// ctx that ends while the pool dials ends before any wait (the
+			// last case below): warm the pool first.
 			require.NoError(t, holder.Do(t.Context(), key, func(context.Context) error {
+				warm()
 				ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 				defer cancel()
 				err := a.Do(ctx, key, func(context.Context) error { return fnRan })
