@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,7 +154,7 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 	return sc
 }
 
-// Run puts s through every fault, under both drivers, each in a subtest:
+// Run puts s through every fault, under every driver, each in a subtest:
 //
 //   - network: a connection reset mid-transaction, silence during the
 //     commit, silence from the call's start, added latency (through a
@@ -166,58 +167,82 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 // Each checks what the caller sees, that the call returns within its bound,
 // that nothing is half-written and that nothing stays held. The three run
 // at once, and so do the drivers of network and process, each with a row
-// and a proxy of its own (their cases mostly wait on timers); the cases of
-// one driver run one after the other, to keep the connections to the
-// shared server few. The restarts share one server, so their drivers take
-// turns. Run it from a
-// top-level test that does nothing else: in the holder process, Run plays
-// the holder.
+// and a proxy of its own; the cases of one driver run one after the other,
+// to keep the connections to the shared server few. The restarts share one
+// server, so their drivers take turns. Run it from a top-level test that
+// does nothing else: in the holder process, Run plays the holder.
 func Run(t *testing.T, s Subject) {
 	if orders := os.Getenv(holderEnv); orders != "" {
 		hold(t, s, orders)
 		return
 	}
-	t.Run("network", func(t *testing.T) {
-		t.Parallel()
-		for _, driver := range testserver.AllDrivers {
-			t.Run(driver, func(t *testing.T) {
-				t.Parallel()
-				network(t, s, driver)
-			})
+	perDriver := func(f func(t *testing.T, driver string)) func(t *testing.T) {
+		return func(t *testing.T) {
+			var drivers []subtest
+			for _, driver := range testserver.AllDrivers {
+				drivers = append(drivers, subtest{driver, func(t *testing.T) { f(t, driver) }})
+			}
+			together(t, drivers...)
 		}
-	})
-	t.Run("process", func(t *testing.T) {
-		t.Parallel()
-		for _, driver := range testserver.AllDrivers {
-			t.Run(driver, func(t *testing.T) {
-				t.Parallel()
-				t.Run("holder killed", func(t *testing.T) { killed(t, s, driver) })
-				t.Run("holder stopped", func(t *testing.T) { stopped(t, s, driver) })
-			})
-		}
-	})
-	t.Run("restart", func(t *testing.T) {
-		t.Parallel()
-		pg := testserver.OwnPostgres(t)
-		for _, driver := range testserver.AllDrivers {
-			t.Run(driver, func(t *testing.T) { restarted(t, s, pg, driver) })
-		}
-	})
+	}
+	together(t,
+		subtest{"network", perDriver(func(t *testing.T, driver string) {
+			for _, c := range networkCases(s, driver) {
+				t.Run(c.name, c.f)
+			}
+		})},
+		subtest{"process", perDriver(func(t *testing.T, driver string) {
+			t.Run("holder killed", func(t *testing.T) { killed(t, s, driver) })
+			t.Run("holder stopped", func(t *testing.T) { stopped(t, s, driver) })
+		})},
+		subtest{"restart", func(t *testing.T) {
+			pg := testserver.OwnPostgres(t)
+			for _, driver := range testserver.AllDrivers {
+				t.Run(driver, func(t *testing.T) { restarted(t, s, pg, driver) })
+			}
+		}},
+	)
+}
+
+// A subtest is a name and a test function for t.Run.
+type subtest struct {
+	name string
+	f    func(t *testing.T)
+}
+
+// together runs subtests of t at once and returns when all have ended. The
+// fault cases spend their time waiting on timers (ctx deadlines, the
+// server's idle timeout, a stopped process), not on a CPU, so they are not
+// made parallel tests: -parallel, GOMAXPROCS by default, would run two of
+// them at a time on a 2-core machine, as if each needed a core. Each
+// subtest runs on a goroutine of its own, which t.Run allows.
+func together(t *testing.T, subtests ...subtest) {
+	var wg sync.WaitGroup
+	for _, st := range subtests {
+		wg.Go(func() { t.Run(st.name, st.f) })
+	}
+	wg.Wait()
 }
 
 // RunOnMariaDB puts s through the network faults of [Run] on MariaDB
 // (testserver.MariaDBDriver, a pool wrapped by mysqldb.Wrap), through a
 // fault proxy in front of the server, checking the same promises. The
 // process and restart faults are run on PostgreSQL only: they say nothing
-// of the dialect, and the MariaDB server is shared.
-func RunOnMariaDB(t *testing.T, s Subject) { network(t, s, testserver.MariaDBDriver) }
+// of the dialect, and the MariaDB server is shared. With one driver, its
+// cases run at once, each with a database and a proxy of its own: about
+// as many connections as Run's network drivers keep.
+func RunOnMariaDB(t *testing.T, s Subject) {
+	together(t, networkCases(s, testserver.MariaDBDriver)...)
+}
 
-// network runs the network faults under driver, one after the other.
-func network(t *testing.T, s Subject, driver string) {
-	t.Run("reset mid-transaction", func(t *testing.T) { reset(t, s, driver) })
-	t.Run("silence during commit", func(t *testing.T) { silence(t, s, driver) })
-	t.Run("silence from the start", func(t *testing.T) { silentStart(t, s, driver) })
-	t.Run("latency", func(t *testing.T) { latency(t, s, driver) })
+// networkCases are the network faults under driver.
+func networkCases(s Subject, driver string) []subtest {
+	return []subtest{
+		{"reset mid-transaction", func(t *testing.T) { reset(t, s, driver) }},
+		{"silence during commit", func(t *testing.T) { silence(t, s, driver) }},
+		{"silence from the start", func(t *testing.T) { silentStart(t, s, driver) }},
+		{"latency", func(t *testing.T) { latency(t, s, driver) }},
+	}
 }
 
 // outcome is what one Op did.
