@@ -196,10 +196,15 @@ func TestDoExtendsTheLease(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
 	bots(t, db, "bot")
-	c := claimer(t, db, leased) // 300ms lease, extended every 100ms
-	other := claimer(t, db, leased)
+	// A lease of 1s, extended every 333ms: a loaded machine (CI beside
+	// other runs, load 14) has taken over 200ms for one extension, which
+	// lost a 300ms lease, as it must.
+	cfg := leased
+	cfg.Lease = time.Second
+	c := claimer(t, db, cfg)
+	other := claimer(t, db, cfg)
 	err := c.Do(t.Context(), "bot", func(ctx context.Context) error {
-		deadline := time.Now().Add(3 * leased.Lease)
+		deadline := time.Now().Add(3 * cfg.Lease)
 		for time.Now().Before(deadline) {
 			if _, err := other.Claim(ctx, "bot"); !errors.Is(err, contend.ErrConflict) {
 				return errors.New("the claim could be taken while its holder was working")
