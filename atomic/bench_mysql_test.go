@@ -10,7 +10,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/workload"
@@ -94,17 +93,7 @@ func BenchmarkClaimReleaseOnMariaDB(b *testing.B) {
 		{Name: "raw", New: byHand(false)},
 		{Name: "raw-probe", New: byHand(true)},
 		{Name: "contend", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
-			c := claimer(b, h, plain)
-			return func(ctx context.Context, key string) error {
-				token := strconv.FormatUint(rand.Uint64(), 16)
-				if err := c.ClaimAs(ctx, key, token); errors.Is(err, contend.ErrConflict) {
-					return nil
-				} else if err != nil {
-					return err
-				}
-				_, err := c.Release(ctx, key, token)
-				return err
-			}
+			return claimRelease(claimer(b, h, plain))
 		}},
 	})
 }
