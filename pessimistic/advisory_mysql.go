@@ -20,7 +20,7 @@ import (
 // else can get it. The guard therefore holds one connection of the pool for
 // the whole call (a *sql.Conn), takes the lock on it, runs fn's transaction
 // on it, releases the lock after the transaction ends, and gives the
-// connection back only when the server said the lock is released. On every
+// connection back only when the server said the session holds no lock. On every
 // other path (a lost answer, a broken connection, a release that failed or
 // did not answer in time) it discards the connection instead: the server
 // drops a session's locks when the session ends.
@@ -33,11 +33,14 @@ import (
 // whose hashes collided would only wait for each other.
 const (
 	getLock = "SELECT GET_LOCK(CONCAT('contend:', SHA2(?, 224)), ?)"
-	// releaseLock also says whether the session still holds the lock after
-	// the release (GET_LOCK is reentrant: a session that held it before the
-	// call would still hold it), so that such a session is discarded.
-	releaseLock = "SELECT RELEASE_LOCK(n), IS_USED_LOCK(n) <=> CONNECTION_ID() " +
-		"FROM (SELECT CONCAT('contend:', SHA2(?, 224)) AS n) AS k"
+	// releaseLock releases every named lock of the session, ours and any
+	// other (one that fn took on the call's connection and kept, or that
+	// the session held before the call: GET_LOCK is reentrant), so that an
+	// answer means the session holds none and its connection can go back
+	// to the pool. Taking no argument, it is a single round trip: a
+	// statement with arguments is prepared, then run, unless the DSN asks
+	// go-sql-driver/mysql to interpolate them.
+	releaseLock = "SELECT RELEASE_ALL_LOCKS()"
 )
 
 // maxLockWait is GET_LOCK's timeout when neither ctx nor the guard bounds
@@ -82,11 +85,7 @@ func (a *Advisory) lockSession(ctx context.Context, key string, what func() stri
 	}
 	s := &session{conn: c, key: key, mode: a.r.mode, timeout: a.r.timeout}
 	defer func() { s.end(finishTimeout(a.r.opts), err) }()
-	on, err := sqldb.OpenStd(c, sqldb.MySQL)
-	if err != nil {
-		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
-	}
-	return a.r.runOn(ctx, on, what, func() string { return key }, s.lock, func(ctx context.Context, tx contend.DBTX) error {
+	return a.r.runOn(ctx, sqldb.Pinned(a.r.db, c), what, func() string { return key }, s.lock, func(ctx context.Context, tx contend.DBTX) error {
 		defer s.fnReturned(finishTimeout(a.r.opts))
 		return fn(ctx, tx)
 	})
@@ -214,8 +213,9 @@ func (s *session) end(bound time.Duration, txErr error) {
 }
 
 // release gives the connection back when its session holds nothing, and
-// else releases the lock first; anything short of the server's word that
-// the session no longer holds it discards the connection.
+// else releases its named locks first (see releaseLock); anything short of
+// the server's word that the session no longer holds any discards the
+// connection.
 func (s *session) release(ctx context.Context) {
 	switch s.get() {
 	case free:
@@ -223,9 +223,7 @@ func (s *session) release(ctx context.Context) {
 		return
 	case held:
 		var released sql.NullInt64
-		var still bool
-		err := s.conn.QueryRowContext(ctx, releaseLock, s.key).Scan(&released, &still)
-		if err == nil && released.Valid && released.Int64 == 1 && !still {
+		if s.conn.QueryRowContext(ctx, releaseLock).Scan(&released) == nil && released.Valid {
 			s.set(free)
 			_ = s.conn.Close()
 			return

@@ -166,8 +166,8 @@ func TestAdvisoryWaitsOnMariaDB(t *testing.T) {
 
 // leakPaths runs lock on key down every path a call can end by, and returns
 // those after which a session of pool still held key's lock: fn's success,
-// error and panic, ctx ended while holding and while waiting, and the
-// connection fn runs on killed. other is a pool of other sessions.
+// error and panic, fn taking the lock a second time, ctx ended while
+// holding and while waiting, and the connection fn runs on killed. other is a pool of other sessions.
 func leakPaths(t *testing.T, pool, other *sqlx.DB, lock func(ctx context.Context, key string, fn func(context.Context) error) error) []string {
 	t.Helper()
 	var leaked []string
@@ -186,6 +186,14 @@ func leakPaths(t *testing.T, pool, other *sqlx.DB, lock func(ctx context.Context
 				defer func() { _ = recover() }()
 				_ = lock(t.Context(), key, func(context.Context) error { panic("boom") })
 			}()
+		}},
+		{"fn takes the lock again and keeps it", func(key string) {
+			// GET_LOCK is reentrant: on the call's connection fn gets it
+			// at once, and the session then holds it twice.
+			_ = lock(t.Context(), key, func(ctx context.Context) error {
+				_, err := contend.Querier(ctx, pool).ExecContext(ctx, "DO GET_LOCK("+lockName+", 0)", key)
+				return err
+			})
 		}},
 		{"ctx ended while holding", func(key string) {
 			ctx, cancel := context.WithCancel(t.Context())
@@ -335,7 +343,7 @@ func TestAdvisoryKeepsOrDiscardsItsConnectionOnMariaDB(t *testing.T) {
 
 	// The release's reply is lost: the release gives up at the finish
 	// bound, and the connection must go, whatever the server did.
-	lost, err := call(t.Context(), func(context.Context) { proxy.DropReplyTo("RELEASE_LOCK") })
+	lost, err := call(t.Context(), func(context.Context) { proxy.DropReplyTo("RELEASE_ALL_LOCKS") })
 	require.NoError(t, err, "fn's transaction committed; the lock goes with the session")
 	require.Equal(t, first, lost)
 	require.Eventually(t, free, 5*time.Second, 10*time.Millisecond)

@@ -180,8 +180,10 @@
 //     asking, and nobody else could get it. So each call holds one
 //     connection of the pool: it takes the lock there, runs fn's
 //     transaction on the same connection, releases the lock once that
-//     transaction has committed or rolled back, and gives the connection
-//     back only on the server's word that the lock is released. Otherwise
+//     transaction has committed or rolled back (with RELEASE_ALL_LOCKS:
+//     any named lock fn took on the call's connection and kept is released
+//     with it), and gives the connection back only on the server's word
+//     that the session holds no lock. Otherwise
 //     (the connection broke, the release got no
 //     answer within [AdvisoryConfig.FinishTimeout]) it closes the connection
 //     instead, and the server lets go of the lock as it ends the session.

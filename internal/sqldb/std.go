@@ -39,6 +39,15 @@ func PoolOf(d DB) (p ConnPool, ok bool) {
 	return p, ok
 }
 
+// Pinned returns d, a pool that [PoolOf] returned, with its statements and
+// transactions on c, one of its connections: the same dialect and driver,
+// with nothing to ask the driver again.
+func Pinned(d DB, c *sql.Conn) DB {
+	s := d.(stdDB)
+	s.db = c
+	return s
+}
+
 // Discard closes c and has its pool close the connection instead of keeping
 // it, so that no later user of the pool inherits its session: one that may
 // hold a session-level lock, or whose state is unknown. It waits for a
