@@ -10,6 +10,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/workload"
@@ -34,8 +35,9 @@ func BenchmarkUpdateOnMariaDB(b *testing.B) {
 			}
 		}},
 		{Name: "contend", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
+			db := contend.DB(h) // as an application keeps mysqldb.Wrap's value: boxed once
 			return func(ctx context.Context, key string) error {
-				ok, err := atomic.Update(ctx, h, mariaDecrement, key)
+				ok, err := atomic.Update(ctx, db, mariaDecrement, key)
 				if err == nil && !ok {
 					err = errors.New("not applied")
 				}

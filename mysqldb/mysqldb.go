@@ -100,7 +100,12 @@ func Wrap(h contend.DBTX) contend.DB {
 	if isMySQL, known := sqldb.DriverIsMySQL(h); known && !isMySQL {
 		return invalid{fmt.Errorf("mysqldb: a %T of another driver than go-sql-driver/mysql: %w", h, contend.ErrInvalid)}
 	}
-	return &db{h: h}
+	// Classified once: a handle stays what it is.
+	std, err := sqldb.OpenStd(h, sqldb.MySQL)
+	if err != nil {
+		return invalid{err}
+	}
+	return &db{h: h, std: std}
 }
 
 // invalid is what Wrap returns for a handle it cannot use.
@@ -109,7 +114,8 @@ type invalid struct{ err error }
 func (i invalid) ContendDB() (sqldb.DB, error) { return nil, i.err }
 
 type db struct {
-	h contend.DBTX
+	h   contend.DBTX
+	std sqldb.DB // h, classified
 
 	// checked is set once clientFoundRows is known to be set, and stays:
 	// every later call reads it without a lock.
@@ -117,13 +123,13 @@ type db struct {
 	mu      sync.Mutex // serializes the check, so that a pool is checked once
 }
 
-// ContendDB classifies the handle, checking clientFoundRows first when no
-// call has yet.
+// ContendDB returns the classified handle, checking clientFoundRows first
+// when no call has yet.
 func (d *db) ContendDB() (sqldb.DB, error) {
 	if err := d.check(); err != nil {
 		return nil, err
 	}
-	return sqldb.OpenStd(d.h, sqldb.MySQL)
+	return d.std, nil
 }
 
 func (d *db) check() error {
