@@ -62,7 +62,7 @@ type Lock struct {
 	mu            sync.Mutex // protects the fields below; held during Release
 	hold          *keepalive.Hold
 	holdCtx       context.Context
-	stopLostEvent func() bool // stops the report of the hold's loss
+	stopLostEvent func() bool // stops the report of the hold's loss; nil without an Observer
 	lost          error       // what the watchdog reported when it stopped
 	released      bool
 	result        error // Release's outcome, returned again by later calls
@@ -193,14 +193,18 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 		return held, err
 	})
 	hctx := l.hold.Context()
-	// The loss is reported when the watchdog decides it, by a refresh or by
-	// its timer; Release stops this first, so that a hold that ends with
-	// its work starts no goroutine for it.
-	l.stopLostEvent = context.AfterFunc(hctx, func() {
-		if cause := context.Cause(hctx); errors.Is(cause, contend.ErrLockLost) && l.lossReported.CompareAndSwap(false, true) {
-			l.reportHold(hctx, contend.EventLost, cause)
-		}
-	})
+	// The loss is reported, to an Observer, when the watchdog decides it,
+	// by a refresh or by its timer; Release stops this first, so that a
+	// hold that ends with its work starts no goroutine for it. Without an
+	// Observer there is nothing to report, and nothing is readied beside
+	// the work's own goroutine when the lease runs out.
+	if l.owner.observer() != nil {
+		l.stopLostEvent = context.AfterFunc(hctx, func() {
+			if cause := context.Cause(hctx); errors.Is(cause, contend.ErrLockLost) && l.lossReported.CompareAndSwap(false, true) {
+				l.reportHold(hctx, contend.EventLost, cause)
+			}
+		})
+	}
 	l.holdCtx = hctx
 	return l.holdCtx
 }
@@ -224,7 +228,9 @@ func (l *Lock) Release(ctx context.Context) error {
 		return l.result
 	}
 	if l.hold != nil {
-		l.stopLostEvent()
+		if l.stopLostEvent != nil {
+			l.stopLostEvent()
+		}
 		if lost := l.hold.Stop(); lost != nil {
 			l.lost = lost
 		}
