@@ -37,10 +37,11 @@ const (
 	// other (one that fn took on the call's connection and kept, or that
 	// the session held before the call: GET_LOCK is reentrant), so that an
 	// answer means the session holds none and its connection can go back
-	// to the pool. Taking no argument, it is a single round trip: a
-	// statement with arguments is prepared, then run, unless the DSN asks
-	// go-sql-driver/mysql to interpolate them.
-	releaseLock = "SELECT RELEASE_ALL_LOCKS()"
+	// to the pool; the count it returns is not needed, so DO discards it
+	// and the answer is an OK, no row to read. Taking no argument, it is a
+	// single round trip: a statement with arguments is prepared, then run,
+	// unless the DSN asks go-sql-driver/mysql to interpolate them.
+	releaseLock = "DO RELEASE_ALL_LOCKS()"
 )
 
 // maxLockWait is GET_LOCK's timeout when neither ctx nor the guard bounds
@@ -222,8 +223,7 @@ func (s *session) release(ctx context.Context) {
 		_ = s.conn.Close()
 		return
 	case held:
-		var released sql.NullInt64
-		if s.conn.QueryRowContext(ctx, releaseLock).Scan(&released) == nil && released.Valid {
+		if _, err := s.conn.ExecContext(ctx, releaseLock); err == nil {
 			s.set(free)
 			_ = s.conn.Close()
 			return
