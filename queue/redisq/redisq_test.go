@@ -20,7 +20,9 @@ import (
 	"github.com/contend/contend/queue/redisq"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on leases, timers and Redis restarts; one sells
+// on PostgreSQL through a few connections: eight at a time.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 8) }
 
 var fast = contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond}
 
