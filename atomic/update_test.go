@@ -15,7 +15,9 @@ import (
 	"github.com/contend/contend/internal/workload"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on locks, leases, ctx deadlines and the fault
+// suite's timers, each on a pool of a few connections: four at a time.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 4) }
 
 const decrement = `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`
 

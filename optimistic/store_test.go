@@ -15,7 +15,9 @@ import (
 	"github.com/contend/contend/optimistic"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on locks, leases, ctx deadlines and the fault
+// suite's timers, each on a pool of a few connections: four at a time.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 4) }
 
 type account struct {
 	ID      string `db:"id"`

@@ -173,7 +173,8 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 // the other, to keep the connections to the shared server few. The
 // restarts share one server, so their drivers take turns. Run it from a
 // top-level test that does nothing else: in the holder process, Run plays
-// the holder.
+// the holder. That test may be a parallel one: Run keeps about 13
+// connections to the shared server at most.
 func Run(t *testing.T, s Subject) {
 	if orders := os.Getenv(holderEnv); orders != "" {
 		hold(t, s, orders)
