@@ -194,9 +194,13 @@ func formCluster(o ClusterOptions, start func(args ...string) (string, error)) (
 		if err != nil {
 			return nil, err
 		}
+		// A master sends a replica its first copy only after waiting
+		// repl-diskless-sync-delay (5s by default) for more replicas to
+		// share it; every replica comes up at once here.
 		addr, err := start("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
 			"--cluster-port", strconv.Itoa(bus),
-			"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10))
+			"--cluster-node-timeout", strconv.FormatInt(o.NodeTimeout.Milliseconds(), 10),
+			"--repl-diskless-sync-delay", "0")
 		if err != nil {
 			return nil, err
 		}
