@@ -150,7 +150,13 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Handle(t, driver, proxied), Finish), key: key, sql: st}
 	// Before the subject's own cleanup: a statement still waiting on a
 	// silent connection would hold it (closing a prepared statement waits).
-	t.Cleanup(proxy.Reset)
+	// Healed first, so that what the driver sends on a new connection as
+	// it lets go is not swallowed: pgx closes a connection that a ctx cut
+	// short after a cancel request, waiting up to 15s for it.
+	t.Cleanup(func() {
+		proxy.Heal()
+		proxy.Reset()
+	})
 	return sc
 }
 
