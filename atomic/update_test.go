@@ -22,6 +22,7 @@ func TestMain(m *testing.M) { testserver.MainWaiting(m, 4) }
 const decrement = `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`
 
 func TestUpdate(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -91,6 +92,7 @@ func TestUpdateN(t *testing.T) {
 }
 
 func TestUpdateReturning(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

@@ -89,6 +89,7 @@ func withdraw(db *sqlx.DB, id string, amount int64) func(ctx context.Context) er
 }
 
 func TestGuardDo(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -127,6 +128,7 @@ func TestGuardDo(t *testing.T) {
 // back, and it runs fn again on the new state; with no attempt to spare it
 // gives up with ErrConflict naming the key.
 func TestGuardLostRace(t *testing.T) {
+	t.Parallel()
 	for _, budget := range []int{1, 2} {
 		t.Run(fmt.Sprintf("attempts=%d", budget), func(t *testing.T) {
 			t.Parallel()

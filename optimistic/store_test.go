@@ -92,6 +92,7 @@ func (o *observed) take() []contend.Event {
 }
 
 func TestGetInsert(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -125,6 +126,7 @@ func TestGetInsert(t *testing.T) {
 }
 
 func TestUpdate(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -245,6 +247,7 @@ func TestUpdateGivesUp(t *testing.T) {
 // again does not conflict with itself (GORM's optimistic-lock plugin gets this
 // wrong: the second save of the same value fails).
 func TestValueCarriesItsNewVersion(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -337,6 +340,7 @@ func TestCompareAndSet(t *testing.T) {
 // between, A's Touch fails, and with it everything A wrote in the same
 // transaction.
 func TestTouch(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
