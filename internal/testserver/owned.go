@@ -23,7 +23,7 @@ func own(t testing.TB, d daemon) *owned {
 	t.Helper()
 	o := &owned{d: d}
 	t.Cleanup(func() {
-		if err := o.Close(); err != nil {
+		if err := o.remove(); err != nil {
 			t.Errorf("testserver: owned %s: %v", d.name, err)
 		}
 	})
@@ -48,8 +48,8 @@ func (o *owned) startOnFreePort() error {
 	}
 }
 
-// Close stops the server and removes its directory.
-func (o *owned) Close() error { return errors.Join(o.Stop(), removeDir(o.d.dir)) }
+// remove stops the server and removes its directory.
+func (o *owned) remove() error { return errors.Join(o.Stop(), removeDir(o.d.dir)) }
 
 // Addr is the server's host:port; it stays the same across restarts.
 func (o *owned) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(o.port)) }

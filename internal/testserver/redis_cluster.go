@@ -61,7 +61,7 @@ func sharedCluster(masters int) (string, error) {
 	stop := func() error {
 		var errs []error
 		for _, n := range nodes {
-			errs = append(errs, n.Close())
+			errs = append(errs, n.remove())
 		}
 		return errors.Join(errs...)
 	}
