@@ -82,6 +82,7 @@ func TestClaimerIsAGuard(t *testing.T) {
 }
 
 func TestClaimRelease(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -155,6 +156,7 @@ func TestMissingRowIsNotAConflict(t *testing.T) {
 // A claim whose lease has passed can be taken over, and the old holder's
 // release then fails.
 func TestExpiredLeaseCanBeTakenOver(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

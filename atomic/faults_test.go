@@ -15,6 +15,7 @@ import (
 
 // Update is one statement: the fault strikes just before it.
 func TestUpdateUnderFaults(t *testing.T) {
+	t.Parallel()
 	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, _ time.Duration) txntest.Op {
 		return func(ctx context.Context, key string, fn txntest.Fn) error {
 			if err := fn(ctx, nil); err != nil {
@@ -32,6 +33,7 @@ func TestUpdateUnderFaults(t *testing.T) {
 // The claimer's fn writes straight to the pool; what the faults test is the
 // claim and its release.
 func TestClaimerUnderFaults(t *testing.T) {
+	t.Parallel()
 	const lease = time.Second
 	txntest.Run(t, txntest.Subject{Lease: lease, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		c, err := atomic.NewClaimer(t.Context(), db, atomic.ClaimConfig{

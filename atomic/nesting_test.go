@@ -19,6 +19,7 @@ import (
 // the row lock its own goroutine holds, invisible to the server's deadlock
 // detector, until ctx ends.
 func TestClaimInsideARowLockJoinsItsTransaction(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

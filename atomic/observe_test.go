@@ -42,6 +42,7 @@ func kinds(events []contend.Event) []contend.EventKind {
 }
 
 func TestClaimerObserver(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

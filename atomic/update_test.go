@@ -15,11 +15,14 @@ import (
 	"github.com/contend/contend/internal/workload"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on locks, leases, ctx deadlines and the fault
+// suite's timers, each on a pool of a few connections: four at a time.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 4) }
 
 const decrement = `UPDATE products SET stock = stock - 1 WHERE id = $1 AND stock >= 1`
 
 func TestUpdate(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -89,6 +92,7 @@ func TestUpdateN(t *testing.T) {
 }
 
 func TestUpdateReturning(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

@@ -20,6 +20,7 @@ import (
 // are 19 … 0, each once. The naive shape, the read-back after the update's
 // own commit, the negative control, reads what later buyers left.
 func TestUpdateSelectReadsItsOwnWrite(t *testing.T) {
+	t.Parallel()
 	const stock, buyers = 20, 40
 	for _, driver := range append([]string{testserver.MariaDBDriver}, testserver.AllDrivers...) {
 		t.Run(driver, func(t *testing.T) {

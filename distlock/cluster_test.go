@@ -25,13 +25,14 @@ import (
 func TestClusterKeepsALocksKeysOnOneSlot(t *testing.T) {
 	t.Parallel()
 	rdb := testserver.RedisCluster(t, 3)
+	prefix := testserver.ClusterPrefix(t, rdb)
 	ctx := t.Context()
-	c := newClient(t, rdb, distlock.Config{})
-	other := newClient(t, rdb, distlock.Config{})
+	c := newClient(t, rdb, distlock.Config{Prefix: prefix})
+	other := newClient(t, rdb, distlock.Config{Prefix: prefix})
 	slots := map[int64]bool{}
 	for i := range 12 {
 		key := fmt.Sprintf("job:%d", i)
-		slot, err := rdb.ClusterKeySlot(ctx, lockKey(distlock.DefaultPrefix, key)).Result()
+		slot, err := rdb.ClusterKeySlot(ctx, lockKey(prefix, key)).Result()
 		require.NoError(t, err)
 		slots[slot] = true
 
@@ -42,7 +43,7 @@ func TestClusterKeepsALocksKeysOnOneSlot(t *testing.T) {
 		holder, err := c.TryObtain(ctx, key, time.Minute)
 		require.NoError(t, err, "key %s", key)
 		w := obtainAsync(ctx, other, key, time.Minute)
-		waitQueued(t, rdb, distlock.DefaultPrefix, key, 1)
+		waitQueued(t, rdb, prefix, key, 1)
 		require.NoError(t, holder.Refresh(ctx, 0), "key %s", key)
 		next := handOver(ctx, t, holder, w)
 		require.Greater(t, next.Fence(), holder.Fence(), "key %s", key)

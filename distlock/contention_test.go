@@ -39,8 +39,8 @@ func readThenWrite(ctx context.Context, rdb redis.UniversalClient, prefix string
 
 // underLoad runs newOp's operation under load and returns the outcome, the
 // counter, and the fencing tokens in entry order: on the shared Redis, or,
-// with cluster, on a Redis Cluster of three masters of the test's own,
-// which every worker process reaches by its nodes' addresses.
+// with cluster, on the shared Redis Cluster of three masters, which every
+// worker process reaches by its nodes' addresses.
 func underLoad(t *testing.T, cluster bool, newOp func(t testing.TB, rdb redis.UniversalClient, prefix string) harness.Op) (harness.Result, int64, []int64) {
 	var (
 		rdb    redis.UniversalClient
@@ -52,9 +52,9 @@ func underLoad(t *testing.T, cluster bool, newOp func(t testing.TB, rdb redis.Un
 				rdb, prefix = testserver.Redis(t)
 				return harness.Params{"prefix": prefix}
 			}
-			cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3})
-			rdb, prefix = cl.Client, distlock.DefaultPrefix
-			return harness.Params{"prefix": prefix, "cluster": strings.Join(cl.Client.Options().Addrs, ",")}
+			cl := testserver.RedisCluster(t, 3)
+			rdb, prefix = cl, testserver.ClusterPrefix(t, cl)
+			return harness.Params{"prefix": prefix, "cluster": strings.Join(cl.Options().Addrs, ",")}
 		},
 		func(t testing.TB, p harness.Params) harness.Op {
 			if p["cluster"] == "" {

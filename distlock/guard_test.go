@@ -2,8 +2,6 @@ package distlock_test
 
 import (
 	"context"
-	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -37,15 +35,13 @@ func TestClientIsAGuard(t *testing.T) {
 	}
 }
 
-// The same contract on a Redis Cluster of three masters, started once and
-// found by the worker processes through the environment. (Its run under
-// faults puts only PostgreSQL behind the fault proxy: the Cluster client
-// reaches the nodes by the addresses they announce.)
+// The same contract on a Redis Cluster of three masters, the package's
+// shared one, started here if need be, before the worker processes that
+// find it through the environment. (Its run under faults puts only
+// PostgreSQL behind the fault proxy: the Cluster client reaches the nodes
+// by the addresses they announce.)
 func TestClientIsAGuardOnACluster(t *testing.T) {
-	if os.Getenv(testserver.RedisClusterEnv) == "" {
-		cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3})
-		t.Setenv(testserver.RedisClusterEnv, strings.Join(cl.Client.Options().Addrs, ","))
-	}
+	testserver.RedisCluster(t, 3)
 	guardtest.Run(t, guardtest.Suite{
 		Driver: "pgx",
 		New: func(t testing.TB, env guardtest.Env) contend.Guard {

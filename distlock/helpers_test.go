@@ -12,7 +12,9 @@ import (
 	"github.com/contend/contend/internal/testserver"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on leases, timers and Redis restarts, and talk to
+// Redis, not to PostgreSQL: eight at a time.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 8) }
 
 // setup returns a client on the shared Redis under a prefix of the test's
 // own (cfg.Prefix is replaced), with the plain client and the prefix.

@@ -34,7 +34,8 @@ func TestWaitersAreServedInOrder(t *testing.T) {
 // clients' subscriptions from whichever node runs the key's slot.
 func TestWaitersAreServedInOrderOnACluster(t *testing.T) {
 	t.Parallel()
-	waitersServedInOrder(t, testserver.RedisCluster(t, 3), distlock.DefaultPrefix)
+	rdb := testserver.RedisCluster(t, 3)
+	waitersServedInOrder(t, rdb, testserver.ClusterPrefix(t, rdb))
 }
 
 func waitersServedInOrder(t *testing.T, rdb redis.UniversalClient, prefix string) {

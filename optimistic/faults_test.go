@@ -14,6 +14,7 @@ import (
 )
 
 func TestGuardUnderFaults(t *testing.T) {
+	t.Parallel()
 	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		g, err := optimistic.NewGuard(db, optimistic.Config{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
@@ -35,6 +36,7 @@ type item struct {
 // A Store writes with one version-checked UPDATE, outside any transaction:
 // the fault strikes between its read and that write.
 func TestStoreUnderFaults(t *testing.T) {
+	t.Parallel()
 	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, _ time.Duration) txntest.Op {
 		s, err := optimistic.NewStore[item](db, optimistic.Config{Table: txntest.Table})
 		require.NoError(t, err)

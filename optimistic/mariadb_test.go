@@ -325,6 +325,7 @@ func TestUpdateCounterUnderContentionOnMariaDB(t *testing.T) {
 // attempt it runs it again: the holder commits meanwhile, and the second
 // attempt, reading the holder's write, goes through.
 func TestLockWaitTimeoutIsRetriedOnMariaDB(t *testing.T) {
+	t.Parallel()
 	for _, subject := range []string{"guard", "store"} {
 		t.Run(subject, func(t *testing.T) {
 			t.Parallel()

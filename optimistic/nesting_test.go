@@ -19,6 +19,7 @@ import (
 // wait for the row lock its own goroutine holds: two connections waiting on
 // each other, which the server cannot see as a deadlock, until ctx ends.
 func TestGuardInsideARowLockJoinsItsTransaction(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

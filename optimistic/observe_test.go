@@ -34,6 +34,7 @@ func requireEvents(t *testing.T, events []contend.Event, key string, want ...con
 }
 
 func TestStoreObserver(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -103,6 +104,7 @@ func TestStoreObserver(t *testing.T) {
 }
 
 func TestGuardObserver(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

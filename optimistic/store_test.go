@@ -15,7 +15,9 @@ import (
 	"github.com/contend/contend/optimistic"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on locks, leases, ctx deadlines and the fault
+// suite's timers, each on a pool of a few connections: four at a time.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 4) }
 
 type account struct {
 	ID      string `db:"id"`
@@ -90,6 +92,7 @@ func (o *observed) take() []contend.Event {
 }
 
 func TestGetInsert(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -123,6 +126,7 @@ func TestGetInsert(t *testing.T) {
 }
 
 func TestUpdate(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -243,6 +247,7 @@ func TestUpdateGivesUp(t *testing.T) {
 // again does not conflict with itself (GORM's optimistic-lock plugin gets this
 // wrong: the second save of the same value fails).
 func TestValueCarriesItsNewVersion(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -335,6 +340,7 @@ func TestCompareAndSet(t *testing.T) {
 // between, A's Touch fails, and with it everything A wrote in the same
 // transaction.
 func TestTouch(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

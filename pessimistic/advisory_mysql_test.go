@@ -264,6 +264,7 @@ func leakPaths(t *testing.T, pool, other *sqlx.DB, lock func(ctx context.Context
 // runs on whichever connection the pool hands out, or not at all once ctx
 // has ended.
 func TestAdvisoryLeavesNoLockInThePoolOnMariaDB(t *testing.T) {
+	t.Parallel()
 	t.Run("guard", func(t *testing.T) {
 		t.Parallel()
 		h, other := mariaAdvisory(t)

@@ -23,6 +23,7 @@ func advisory(t testing.TB, db contend.DBTX, cfg pessimistic.AdvisoryConfig) *pe
 // language that uses the same expression excludes and is excluded by the
 // guard: this test plays that other client in plain SQL.
 func TestAdvisoryAgreesWithPlainSQL(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

@@ -18,6 +18,7 @@ import (
 // deadline or cancel, as distlock's waits do, on every driver, for row and
 // advisory locks alike.
 func TestWaitEndedByCtxIsConflictAndCtxError(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

@@ -21,6 +21,7 @@ import (
 // lock at once (no lease to run out), the waiter proceeds, and the holder's
 // uncommitted write is gone.
 func TestKilledHolderReleasesAtOnce(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -101,6 +102,7 @@ func TestKilledHolderReleasesAtOnce(t *testing.T) {
 // the rollback, gets to it; then the two deadlock again. Seen under heavy
 // load: 4 runs in 2 of 40.
 func TestOppositeOrderDeadlockIsRetried(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -182,6 +184,7 @@ func TestLockManyNeverDeadlocks(t *testing.T) {
 // A caller that gives up while waiting for a lock gets its ctx's error
 // promptly, and is left holding nothing.
 func TestCancelWhileWaiting(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -235,6 +238,7 @@ func TestPanicRollsBack(t *testing.T) {
 // with a serialization failure; the locker runs the transaction again, and
 // returns it as a lost race when it may not.
 func TestSerializationFailureIsRetried(t *testing.T) {
+	t.Parallel()
 	for name, retry := range map[string]contend.Retry{"retried": {}, "no_retry": {MaxAttempts: 1}} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

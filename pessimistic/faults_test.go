@@ -14,6 +14,7 @@ import (
 )
 
 func TestRowLockUnderFaults(t *testing.T) {
+	t.Parallel()
 	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		l, err := pessimistic.New(db, pessimistic.Config{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
@@ -22,6 +23,7 @@ func TestRowLockUnderFaults(t *testing.T) {
 }
 
 func TestAdvisoryLockUnderFaults(t *testing.T) {
+	t.Parallel()
 	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
 		a, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{FinishTimeout: finish})
 		require.NoError(t, err)

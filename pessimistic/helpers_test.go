@@ -14,7 +14,9 @@ import (
 	"github.com/contend/contend/pessimistic"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on locks, lock timeouts and ctx deadlines, each
+// on a pool of a few connections: four at a time.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 4) }
 
 // products is the oversell story's table: one row per item and its stock.
 func products(t testing.TB, db *sqlx.DB, stock int, ids ...string) {

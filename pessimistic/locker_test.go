@@ -16,6 +16,7 @@ import (
 )
 
 func TestLockCommitsAndRollsBack(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -63,6 +64,7 @@ func TestLockHoldsTheRowWhileFnRuns(t *testing.T) {
 }
 
 func TestMissingRowIsNotFoundNotConflict(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []pessimistic.Mode{pessimistic.Wait, pessimistic.NoWait, pessimistic.SkipLocked} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
@@ -86,6 +88,7 @@ func TestMissingRowIsNotFoundNotConflict(t *testing.T) {
 }
 
 func TestLockManyLocksAllInOneOrder(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -157,6 +160,7 @@ func TestSkipLocked(t *testing.T) {
 // Claim hands concurrent workers disjoint rows, and a job whose worker fails
 // goes back to the queue.
 func TestClaim(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -211,6 +215,7 @@ func TestClaim(t *testing.T) {
 // A locker on a caller's transaction neither begins nor commits: its writes
 // and its lock belong to the caller's transaction.
 func TestInsideACallersTransaction(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -301,6 +306,7 @@ func TestStrength(t *testing.T) {
 
 // Keys are sent as text; the server converts them to the key column's type.
 func TestNonTextKeyColumn(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
@@ -325,6 +331,7 @@ func TestNonTextKeyColumn(t *testing.T) {
 // With a lock timeout, a long wait is a lost race, not the caller's ctx
 // ending; with a ctx that ends first, it is ctx's error.
 func TestLockTimeout(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

@@ -50,6 +50,7 @@ func (serializationFailure) Error() string    { return "could not serialize acce
 func (serializationFailure) SQLState() string { return "40001" }
 
 func TestLockerObserver(t *testing.T) {
+	t.Parallel()
 	for _, driver := range testserver.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()

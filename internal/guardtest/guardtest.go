@@ -51,6 +51,7 @@ import (
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/history"
 	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/subtest"
 	"github.com/contend/contend/internal/testserver"
 )
 
@@ -103,22 +104,24 @@ type Suite struct {
 // counterTable holds the counters fn increments.
 const counterTable = "guardtest_counters"
 
-// Run checks s's guard against the whole contract, in subtests.
+// Run checks s's guard against the whole contract, in subtests. The
+// contention runs keep the CPU busy for seconds, one after the other; the
+// other checks mostly wait (the lost race of a waiting guard waits a second
+// for ctx to end), so they run beside them, one after the other too, each
+// with a schema and a pool of its own.
 func Run(t *testing.T, s Suite) {
 	if s.Ops <= 0 {
 		s.Ops = 12
 	}
-	t.Run("promises", func(t *testing.T) {
-		// What the guard says of itself is what the rest of the suite
-		// checks it does.
-		g, _ := build(t, s)
-		p, ok := g.(contend.Promiser)
-		require.True(t, ok, "%T does not say what it promises", g)
-		got := p.Promises()
-		require.Equal(t, s.Exclusive, got.Exclusive, "Exclusive")
-		require.Equal(t, !s.FailFast, got.Waits, "Waits")
-		require.Equal(t, !s.SingleProcess, got.AcrossProcesses, "AcrossProcesses")
-	})
+	subtest.Together(t,
+		subtest.Test{Name: "contention", F: func(t *testing.T) { underContention(t, s) }},
+		subtest.Test{Name: "calls", F: func(t *testing.T) { calls(t, s) }},
+	)
+}
+
+// underContention checks that the guard keeps its promises under
+// contention, from goroutines, from processes, and under faults.
+func underContention(t *testing.T, s Suite) {
 	t.Run("no_lost_update/goroutines", func(t *testing.T) {
 		rep := Contend(t, s, harness.Config{Goroutines: 16, Ops: s.Ops, Keys: keys(3)})
 		rep.RequireHeld(t, s)
@@ -142,6 +145,22 @@ func Run(t *testing.T, s Suite) {
 			processes = 1
 		}
 		ContendUnderFaults(t, s, faultConfig(processes)).RequireLinearizable(t)
+	})
+}
+
+// calls checks what single calls see: what the guard promises, fn's error
+// and panic, a lost race, ctx, an empty key.
+func calls(t *testing.T, s Suite) {
+	t.Run("promises", func(t *testing.T) {
+		// What the guard says of itself is what the rest of the suite
+		// checks it does.
+		g, _ := build(t, s)
+		p, ok := g.(contend.Promiser)
+		require.True(t, ok, "%T does not say what it promises", g)
+		got := p.Promises()
+		require.Equal(t, s.Exclusive, got.Exclusive, "Exclusive")
+		require.Equal(t, !s.FailFast, got.Waits, "Waits")
+		require.Equal(t, !s.SingleProcess, got.AcrossProcesses, "AcrossProcesses")
 	})
 	t.Run("returns_fn_error", func(t *testing.T) {
 		g, k := build(t, s)

@@ -23,25 +23,33 @@ func own(t testing.TB, d daemon) *owned {
 	t.Helper()
 	o := &owned{d: d}
 	t.Cleanup(func() {
-		if err := errors.Join(o.Stop(), removeDir(d.dir)); err != nil {
+		if err := o.remove(); err != nil {
 			t.Errorf("testserver: owned %s: %v", d.name, err)
 		}
 	})
-	// The port is free when picked but may be taken before the server binds
-	// it; one more port then, as launch does.
+	if err := o.startOnFreePort(); err != nil {
+		t.Fatalf("testserver: owned %s: %v", d.name, err)
+	}
+	return o
+}
+
+// startOnFreePort starts the server on a free port. The port is free when
+// picked but may be taken before the server binds it; one more port then,
+// as launch does.
+func (o *owned) startOnFreePort() error {
 	for attempt := 1; ; attempt++ {
 		var err error
 		if o.port, err = freePort(); err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if err = o.Start(); err == nil {
-			return o
-		}
-		if attempt == 2 {
-			t.Fatalf("testserver: owned %s: %v", d.name, err)
+		if err = o.Start(); err == nil || attempt == 2 {
+			return err
 		}
 	}
 }
+
+// remove stops the server and removes its directory.
+func (o *owned) remove() error { return errors.Join(o.Stop(), removeDir(o.d.dir)) }
 
 // Addr is the server's host:port; it stays the same across restarts.
 func (o *owned) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(o.port)) }

@@ -32,15 +32,25 @@ func OwnRedis(t testing.TB) *OwnedRedis {
 // ownRedis is OwnRedis, with extra arguments for redis-server.
 func ownRedis(t testing.TB, extra ...string) *OwnedRedis {
 	t.Helper()
-	server, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("testserver: redis-server not found (Debian: apt-get install redis-server): %v", err)
-	}
-	dir, err := makeDir("contend-redis-owned-", nil)
+	d, err := newRedisDaemon(extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &OwnedRedis{own(t, redisDaemon(server, dir, extra...))}
+	return &OwnedRedis{own(t, d)}
+}
+
+// newRedisDaemon is how a throwaway redis-server runs, with extra
+// arguments, in a fresh directory of its own.
+func newRedisDaemon(extra ...string) (daemon, error) {
+	server, err := exec.LookPath("redis-server")
+	if err != nil {
+		return daemon{}, fmt.Errorf("testserver: redis-server not found (Debian: apt-get install redis-server): %w", err)
+	}
+	dir, err := makeDir("contend-redis-owned-", nil)
+	if err != nil {
+		return daemon{}, err
+	}
+	return redisDaemon(server, dir, extra...), nil
 }
 
 // redisDaemon is how startRedis runs redis-server, with its files in dir,

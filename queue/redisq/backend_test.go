@@ -1,13 +1,10 @@
 package redisq_test
 
 import (
-	"context"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
@@ -52,28 +49,23 @@ var acrossProcesses = []struct {
 	{"sell_across_processes", sellAcrossProcesses},
 }
 
-// TestCluster runs the tests of onBoth and acrossProcesses on one Redis
-// Cluster of three masters, started once for all of them (each test has a
-// prefix of its own): starting a cluster costs more than most of the tests.
+// TestCluster runs the tests of onBoth and acrossProcesses on the shared
+// Redis Cluster of three masters (each test has a prefix of its own):
+// starting a cluster costs more than most of the tests. Its worker
+// processes find the cluster through the environment, where RedisCluster
+// put it, or through their parameters.
 func TestCluster(t *testing.T) {
 	t.Parallel()
 	cluster := testserver.RedisCluster(t, 3)
 	addrs := strings.Join(cluster.Options().Addrs, ",")
-	if os.Getenv(testserver.RedisClusterEnv) == "" {
-		// The worker processes of acrossProcesses run this test again:
-		// they use this cluster instead of starting one each. No other
-		// test of the package reads the variable.
-		require.NoError(t, os.Setenv(testserver.RedisClusterEnv, addrs))
-		t.Cleanup(func() { os.Unsetenv(testserver.RedisClusterEnv) })
-	}
 	for _, tc := range onBoth {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			tc.run(t, cluster, clusterPrefix(t, cluster))
+			tc.run(t, cluster, testserver.ClusterPrefix(t, cluster))
 		})
 	}
 	onCluster := func(t *testing.T) (redis.UniversalClient, harness.Params) {
-		return cluster, harness.Params{"prefix": clusterPrefix(t, cluster), "cluster": addrs}
+		return cluster, harness.Params{"prefix": testserver.ClusterPrefix(t, cluster), "cluster": addrs}
 	}
 	for _, tc := range acrossProcesses {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,27 +73,4 @@ func TestCluster(t *testing.T) {
 			tc.run(t, onCluster)
 		})
 	}
-}
-
-// clusterPrefix returns a key prefix no other test uses; the keys under it
-// are deleted, on every master, when t ends.
-func clusterPrefix(t testing.TB, c *redis.ClusterClient) string {
-	prefix := testserver.RandomName("contend:test:") + ":"
-	t.Cleanup(func() {
-		require.NoError(t, c.ForEachMaster(context.Background(), func(ctx context.Context, node *redis.Client) error {
-			keys, err := node.Keys(ctx, prefix+"*").Result()
-			if err != nil {
-				return err
-			}
-			// One key per command: a node refuses keys of several slots
-			// in one.
-			pipe := node.Pipeline()
-			for _, k := range keys {
-				pipe.Unlink(ctx, k)
-			}
-			_, err = pipe.Exec(ctx)
-			return err
-		}))
-	})
-	return prefix
 }

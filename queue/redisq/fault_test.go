@@ -257,7 +257,7 @@ func TestFaultRedisRestart(t *testing.T) {
 func TestFaultClusterMasterStopped(t *testing.T) {
 	t.Parallel()
 	cl := testserver.StartCluster(t, testserver.ClusterOptions{Masters: 3, Replicas: 1, NodeTimeout: time.Second})
-	prefix := clusterPrefix(t, cl.Client)
+	prefix := testserver.ClusterPrefix(t, cl.Client)
 	const ttl = time.Second
 	got := make(chan handling, 16)
 	instance(t, cl.Client, prefix, redisq.Config{Partitions: 1, LeaseTTL: ttl, Handler: recorder("owner", got, true)})

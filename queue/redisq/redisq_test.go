@@ -20,7 +20,11 @@ import (
 	"github.com/contend/contend/queue/redisq"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+// The parallel tests wait on leases, timers and Redis restarts; one sells
+// on PostgreSQL through a few connections. Four at a time: the fault tests'
+// leases are a second or less, and a failover's aftermath on a busy
+// machine once redelivered a job whose ack met the dead master.
+func TestMain(m *testing.M) { testserver.MainWaiting(m, 4) }
 
 var fast = contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond}
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/faultproxy"
 	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/subtest"
 	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/internal/txn"
 )
@@ -150,7 +150,13 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 	sc := scene{direct: direct, proxy: proxy, op: s.New(t, testserver.Handle(t, driver, proxied), Finish), key: key, sql: st}
 	// Before the subject's own cleanup: a statement still waiting on a
 	// silent connection would hold it (closing a prepared statement waits).
-	t.Cleanup(proxy.Reset)
+	// Healed first, so that what the driver sends on a new connection as
+	// it lets go is not swallowed: pgx closes a connection that a ctx cut
+	// short after a cancel request, waiting up to 15s for it.
+	t.Cleanup(func() {
+		proxy.Heal()
+		proxy.Reset()
+	})
 	return sc
 }
 
@@ -165,12 +171,16 @@ func newScene(t *testing.T, s Subject, driver string) scene {
 //     own).
 //
 // Each checks what the caller sees, that the call returns within its bound,
-// that nothing is half-written and that nothing stays held. The three run
-// at once, and so do the drivers of network and process, each with a row
-// and a proxy of its own; the cases of one driver run one after the other,
-// to keep the connections to the shared server few. The restarts share one
-// server, so their drivers take turns. Run it from a top-level test that
-// does nothing else: in the holder process, Run plays the holder.
+// that nothing is half-written and that nothing stays held. The cases
+// spend their time waiting on timers (ctx deadlines, the server's idle
+// timeout, a stopped process), not on a CPU: the three run at once
+// ([subtest.Together]), and so do the drivers of network and process, each
+// with a row and a proxy of its own; the cases of one driver run one after
+// the other, to keep the connections to the shared server few. The
+// restarts share one server, so their drivers take turns. Run it from a
+// top-level test that does nothing else: in the holder process, Run plays
+// the holder. That test may be a parallel one: Run keeps about 13
+// connections to the shared server at most.
 func Run(t *testing.T, s Subject) {
 	if orders := os.Getenv(holderEnv); orders != "" {
 		hold(t, s, orders)
@@ -178,50 +188,30 @@ func Run(t *testing.T, s Subject) {
 	}
 	perDriver := func(f func(t *testing.T, driver string)) func(t *testing.T) {
 		return func(t *testing.T) {
-			var drivers []subtest
+			var drivers []subtest.Test
 			for _, driver := range testserver.AllDrivers {
-				drivers = append(drivers, subtest{driver, func(t *testing.T) { f(t, driver) }})
+				drivers = append(drivers, subtest.Test{Name: driver, F: func(t *testing.T) { f(t, driver) }})
 			}
-			together(t, drivers...)
+			subtest.Together(t, drivers...)
 		}
 	}
-	together(t,
-		subtest{"network", perDriver(func(t *testing.T, driver string) {
+	subtest.Together(t,
+		subtest.Test{Name: "network", F: perDriver(func(t *testing.T, driver string) {
 			for _, c := range networkCases(s, driver) {
-				t.Run(c.name, c.f)
+				t.Run(c.Name, c.F)
 			}
 		})},
-		subtest{"process", perDriver(func(t *testing.T, driver string) {
+		subtest.Test{Name: "process", F: perDriver(func(t *testing.T, driver string) {
 			t.Run("holder killed", func(t *testing.T) { killed(t, s, driver) })
 			t.Run("holder stopped", func(t *testing.T) { stopped(t, s, driver) })
 		})},
-		subtest{"restart", func(t *testing.T) {
+		subtest.Test{Name: "restart", F: func(t *testing.T) {
 			pg := testserver.OwnPostgres(t)
 			for _, driver := range testserver.AllDrivers {
 				t.Run(driver, func(t *testing.T) { restarted(t, s, pg, driver) })
 			}
 		}},
 	)
-}
-
-// A subtest is a name and a test function for t.Run.
-type subtest struct {
-	name string
-	f    func(t *testing.T)
-}
-
-// together runs subtests of t at once and returns when all have ended. The
-// fault cases spend their time waiting on timers (ctx deadlines, the
-// server's idle timeout, a stopped process), not on a CPU, so they are not
-// made parallel tests: -parallel, GOMAXPROCS by default, would run two of
-// them at a time on a 2-core machine, as if each needed a core. Each
-// subtest runs on a goroutine of its own, which t.Run allows.
-func together(t *testing.T, subtests ...subtest) {
-	var wg sync.WaitGroup
-	for _, st := range subtests {
-		wg.Go(func() { t.Run(st.name, st.f) })
-	}
-	wg.Wait()
 }
 
 // RunOnMariaDB puts s through the network faults of [Run] on MariaDB
@@ -232,16 +222,16 @@ func together(t *testing.T, subtests ...subtest) {
 // cases run at once, each with a database and a proxy of its own: about
 // as many connections as Run's network drivers keep.
 func RunOnMariaDB(t *testing.T, s Subject) {
-	together(t, networkCases(s, testserver.MariaDBDriver)...)
+	subtest.Together(t, networkCases(s, testserver.MariaDBDriver)...)
 }
 
 // networkCases are the network faults under driver.
-func networkCases(s Subject, driver string) []subtest {
-	return []subtest{
-		{"reset mid-transaction", func(t *testing.T) { reset(t, s, driver) }},
-		{"silence during commit", func(t *testing.T) { silence(t, s, driver) }},
-		{"silence from the start", func(t *testing.T) { silentStart(t, s, driver) }},
-		{"latency", func(t *testing.T) { latency(t, s, driver) }},
+func networkCases(s Subject, driver string) []subtest.Test {
+	return []subtest.Test{
+		{Name: "reset mid-transaction", F: func(t *testing.T) { reset(t, s, driver) }},
+		{Name: "silence during commit", F: func(t *testing.T) { silence(t, s, driver) }},
+		{Name: "silence from the start", F: func(t *testing.T) { silentStart(t, s, driver) }},
+		{Name: "latency", F: func(t *testing.T) { latency(t, s, driver) }},
 	}
 }
 
