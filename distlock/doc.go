@@ -93,7 +93,7 @@
 // its own process's release, so that nobody who may PUBLISH on a shared
 // Redis can hand it a lock. A waiter whose process died blocks the key for
 // the grant lease only. A waiter that gives up leaves the queue and passes
-// on a reservation it got meanwhile, in one script, even after its ctx
+// on a reservation or lock it got meanwhile, in one script, after its ctx
 // ended; a timed re-check (Config.Recheck) covers lost messages and dead
 // holders; while the subscription is down, waiters poll with jittered
 // backoff. Every wait ends with ctx or Config.MaxWait; the error then

@@ -7,7 +7,7 @@ func Deferred(c *Client, key string) int {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if st := sh.keys[key]; st != nil {
-		return len(st.deferred)
+		return len(st.behind)
 	}
 	return 0
 }
