@@ -271,11 +271,11 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 //
 // A key whose holder's lease ran out while others were queued for it is
 // free, and take gives it to the caller rather than to the oldest waiter:
-// the one place a newcomer can go first. The waiters are served by the
-// newcomer's release, or find the key free when they check.
+// the one place a newcomer can go first. The lock is then marked, so that
+// the newcomer's release serves the waiters.
 func (c *Client) take(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (*Lock, error) {
 	began := time.Now()
-	fence, err := c.run(ctx, takeScript, keys[:2], takeArgs{token: tok, ttl: ttl}.argv()).Int64()
+	fence, err := c.run(ctx, takeScript, keys[:3], takeArgs{token: tok, ttl: ttl}.argv()).Int64()
 	switch {
 	case err != nil:
 		return nil, err // the caller's clean-up releases what it may have taken

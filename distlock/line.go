@@ -47,6 +47,7 @@ import (
 //	                                                   waiter here); depart: left, and
 //	                                                   the release's end leaves for it
 //	holding   holds the lock (the head, until until)   its release: gone from the line;
+//	                                                   queued (an older reply): unchanged;
 //	                                                   depart (grant unread): left, leave
 //	left      its caller returned without the lock     nothing: never head or holder again
 //
@@ -157,9 +158,14 @@ func (l *line) obtained(w *waiter, until time.Time, fresh bool) bool {
 	return true
 }
 
-// queued records that w's attempt left it in Redis's queue.
+// queued records that w's attempt left it in Redis's queue. A release
+// here that handed w the lock after that attempt ran has the last word.
 func (l *line) queued(w *waiter) bool {
-	if w.phase != asking {
+	switch w.phase {
+	case holding:
+		return true
+	case asking:
+	default:
 		return false
 	}
 	l.busy = true
