@@ -26,3 +26,11 @@ func Known(c *Client) int {
 
 // Listening reports whether c's subscription is confirmed.
 func Listening(c *Client) bool { return c.listening() }
+
+// The scripts a test's go-redis hook may stop.
+var (
+	ReleaseScript = releaseScript
+	PassScript    = passScript
+	AcquireScript = acquireScript
+	TakeScript    = takeScript
+)
