@@ -233,7 +233,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 			return c.wait(ctx, key, keys, w, !deferred, 0)
 		}
 	}
-	l, err := c.take(ctx, key, keys, w.tok, ttl)
+	l, err := c.take(ctx, key, keys, w)
 	if l == nil && err == nil && wait {
 		return c.wait(ctx, key, keys, w, true, 1)
 	}
@@ -241,10 +241,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	case err != nil:
 		// The script may have run and only the reply been lost: let go of
 		// whatever it may have taken rather than leave it for the TTL.
-		c.act(ctx, key, keys, c.event(key, func(ln *line) step {
-			s, _ := ln.depart(w)
-			return s
-		}))
+		c.depart(ctx, key, keys, w)
 		if cause := ctxerr.Of(ctx); wait && cause != nil {
 			// Obtain's ctx ended before it had the lock: a wait cut short,
 			// whether or not it had begun.
@@ -273,9 +270,12 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 // free, and take gives it to the caller rather than to the oldest waiter:
 // the one place a newcomer can go first. The lock is then marked, so that
 // the newcomer's release serves the waiters.
-func (c *Client) take(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (*Lock, error) {
+func (c *Client) take(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
 	began := time.Now()
-	fence, err := c.run(ctx, takeScript, keys[:3], takeArgs{token: tok, ttl: ttl}.argv()).Int64()
+	tok, ttl := w.tok, w.ttl
+	cmd, ended := c.calls.Start(ctx, takeScript, keys[:3], takeArgs{token: tok, ttl: ttl}.argv()...)
+	w.ended = ended
+	fence, err := cmd.Int64()
 	switch {
 	case err != nil:
 		return nil, err // the caller's clean-up releases what it may have taken
@@ -290,12 +290,15 @@ func (c *Client) take(ctx context.Context, key string, keys []string, tok string
 // attempt runs the acquire script once, queueing the caller if wait and
 // the key is held. It returns the lock when the caller holds it, nil when
 // not.
-func (c *Client) attempt(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, wait bool) (*Lock, error) {
+func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter, wait bool) (*Lock, error) {
 	began := time.Now()
-	res, err := c.run(ctx, acquireScript, keys, acquireArgs{
+	tok, ttl := w.tok, w.ttl
+	cmd, ended := c.calls.Start(ctx, acquireScript, keys, acquireArgs{
 		token: tok, ttl: ttl, wait: wait, channel: c.channel,
 		waiterLease: c.waiterLease(), grantLease: c.grantLease(ttl),
-	}.argv()).Int64Slice()
+	}.argv()...)
+	w.ended = ended
+	res, err := cmd.Int64Slice()
 	if err != nil {
 		return nil, err
 	}
@@ -334,7 +337,7 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 	if l.taken && along == nil {
 		n, err := c.run(ctx, freeScript, l.keys[:2], freeArgs{token: l.token, fence: l.fence}.argv()).Int64()
 		if err != nil || n != replyQueued {
-			c.endRelease(ctx, l.key, l.keys, l.token, nil, outcome{lost: err != nil})
+			c.endRelease(ctx, l.key, l.keys, l.token, nil, outcome{lost: err != nil}, nil)
 			return gone(n), err
 		}
 	}

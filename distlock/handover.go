@@ -21,15 +21,16 @@ func (c *Client) event(key string, ev func(l *line) step) (s step) {
 }
 
 // act does what a step of key's line asks: wakes waiters, and gives up in
-// Redis, detached, what a departed waiter may have there.
-func (c *Client) act(ctx context.Context, key string, keys []string, s step) {
+// Redis, detached, what a departed waiter may have there, once after has
+// closed (nil: at once).
+func (c *Client) act(ctx context.Context, key string, keys []string, s step, after <-chan struct{}) {
 	handed := false
 	for _, u := range s.wakes {
 		wake(u.w, u.g)
 		handed = handed || u.g.fence > 0
 	}
 	if s.leave != "" {
-		c.cleanUp(ctx, key, keys, s.leave)
+		c.cleanUp(ctx, key, keys, s.leave, after)
 	}
 	if handed {
 		// Give the new holder this processor, as sync.Mutex's Unlock does
@@ -57,12 +58,22 @@ func (c *Client) takeAlong(key, tok string) (along *waiter, inTurn bool) {
 }
 
 // endRelease reports the reply o to tok's release, which took along, to
-// key's line, and acts on what the line says.
-func (c *Client) endRelease(ctx context.Context, key string, keys []string, tok string, along *waiter, o outcome) {
+// key's line, and acts on what the line says; a clean-up waits for ended,
+// which closes when the release's call has ended (see scriptbatch.Start).
+func (c *Client) endRelease(ctx context.Context, key string, keys []string, tok string, along *waiter, o outcome, ended <-chan struct{}) {
 	c.act(ctx, key, keys, c.event(key, func(l *line) step {
 		s, _ := l.endRelease(tok, along, o)
 		return s
-	}))
+	}), ended)
+}
+
+// depart reports that w's caller returns without the lock, and gives up
+// what w may have in Redis once w's last call has ended.
+func (c *Client) depart(ctx context.Context, key string, keys []string, w *waiter) {
+	c.act(ctx, key, keys, c.event(key, func(l *line) step {
+		s, _ := l.depart(w)
+		return s
+	}), w.ended)
 }
 
 // runRelease runs the release script for a.token, the holder or a waiter
@@ -70,9 +81,9 @@ func (c *Client) endRelease(ctx context.Context, key string, keys []string, tok 
 // (see releaseArgs).
 func (c *Client) runRelease(ctx context.Context, key string, keys []string, a releaseArgs, along *waiter, inTurn bool) (int64, error) {
 	if along != nil && inTurn && !a.givingUp {
-		o, err := c.pass(ctx, keys, a.token, along)
+		o, ended, err := c.pass(ctx, keys, a.token, along)
 		if err != nil || o.next != "" {
-			c.endRelease(ctx, key, keys, a.token, along, o)
+			c.endRelease(ctx, key, keys, a.token, along, o, ended)
 			if err != nil {
 				return replyNotHeld, err
 			}
@@ -86,12 +97,13 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, a re
 		a.next, a.nextInTurn, a.nextGrant = along, inTurn, c.grantLease(along.ttl)
 	}
 	began := time.Now()
-	res, err := c.run(ctx, releaseScript, keys, a.argv()).Slice()
+	cmd, ended := c.calls.Start(ctx, releaseScript, keys, a.argv()...)
+	res, err := cmd.Slice()
 	if err == nil && len(res) != 3 {
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
 	if err != nil {
-		c.endRelease(ctx, key, keys, a.token, along, outcome{lost: true})
+		c.endRelease(ctx, key, keys, a.token, along, outcome{lost: true}, ended)
 		return replyNotHeld, err
 	}
 	held, _ := res[0].(int64)
@@ -103,7 +115,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, a re
 		o.next, g = parseGrant(msg)
 		o.fence, o.lost = g.fence, g.fence == 0
 	}
-	c.endRelease(ctx, key, keys, a.token, along, o)
+	c.endRelease(ctx, key, keys, a.token, along, o, nil)
 	return held, nil
 }
 
@@ -111,16 +123,17 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, a re
 // turn, by the pass script: the common hand-over on a key this client's
 // goroutines share, at the cost of a take. Its outcome names no holder,
 // having changed nothing, when tok no longer holds the lock.
-func (c *Client) pass(ctx context.Context, keys []string, tok string, along *waiter) (outcome, error) {
+func (c *Client) pass(ctx context.Context, keys []string, tok string, along *waiter) (outcome, <-chan struct{}, error) {
 	began := time.Now()
-	fence, err := c.run(ctx, passScript, keys[:2], passArgs{holder: tok, next: along.tok, nextTTL: along.ttl}.argv()).Int64()
+	cmd, ended := c.calls.Start(ctx, passScript, keys[:2], passArgs{holder: tok, next: along.tok, nextTTL: along.ttl}.argv()...)
+	fence, err := cmd.Int64()
 	switch {
 	case err != nil:
-		return outcome{lost: true}, err
+		return outcome{lost: true}, ended, err
 	case fence == 0:
-		return outcome{}, nil
+		return outcome{}, nil, nil
 	}
-	return outcome{next: along.tok, fence: fence, at: began, inTurn: true}, nil
+	return outcome{next: along.tok, fence: fence, at: began, inTurn: true}, nil, nil
 }
 
 // leave removes tok from key's queue and releases the lock if tok holds it
@@ -133,15 +146,22 @@ func (c *Client) leave(ctx context.Context, key string, keys []string, tok strin
 	_, _ = c.runRelease(ctx, key, keys, releaseArgs{token: tok, givingUp: true}, along, inTurn)
 }
 
-// cleanUp runs tok's leave on a goroutine of the Client's, within
-// releaseTimeout, so that the caller whose wait ended returns by its
-// deadline whatever the network does; Close waits for it.
-func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok string) {
-	ctx = c.clock.context(ctx)
+// cleanUp runs tok's leave on a goroutine of the Client's, so that the
+// caller whose wait ended returns by its deadline whatever the network
+// does; Close waits for it. The leave is sent once after has closed: when
+// the call that may have queued tok or taken the lock for it, which its
+// caller stopped waiting for, has ended, go-redis's re-sends included, so
+// that the leave runs in Redis after it. It is bounded by releaseTimeout
+// from then.
+func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok string, after <-chan struct{}) {
+	ctx = context.WithoutCancel(ctx)
 	c.cleanups.add()
 	go func() {
 		defer c.cleanups.done()
-		c.leave(ctx, key, keys, tok)
+		if after != nil {
+			<-after
+		}
+		c.leave(c.clock.context(ctx), key, keys, tok)
 	}()
 }
 

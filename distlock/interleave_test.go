@@ -219,3 +219,90 @@ func TestPassToAWaiterGivingUpIsPassedOn(t *testing.T) {
 		return true
 	}, 2*time.Second, 10*time.Millisecond, "the lock stayed with the waiter that gave up")
 }
+
+// resend is a go-redis hook that does to a pipeline of take scripts what
+// go-redis does after a read timeout: the pipeline ran, its reply is lost,
+// and it is sent again, on the batch's ctx, which its callers' deadlines do
+// not end. The re-send waits until again is closed.
+type resend struct {
+	again chan struct{}
+	sent  chan struct{} // closed when the first send has run
+	once  sync.Once
+}
+
+func (r *resend) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (r *resend) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (r *resend) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	takes := newStall(distlock.TakeScript, func([]any) bool { return true })
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) < 2 || !takes.matches(cmds[0]) {
+			return next(ctx, cmds)
+		}
+		err := next(ctx, cmds)
+		r.once.Do(func() { close(r.sent) })
+		<-r.again
+		if again := next(ctx, cmds); again != nil {
+			return again
+		}
+		return err
+	}
+}
+
+// A batch of scripts whose reply was lost is sent again by go-redis, on a
+// ctx its callers' deadlines do not end: the callers' clean-up is sent
+// only when the batch has ended, so it runs in Redis after the re-send,
+// and no lock is left behind for callers that have returned. (The
+// scripts give the same answer when run twice; what they must not do is
+// run after the clean-up.)
+func TestResentBatchOfCallersWhoLeftIsCleanedUp(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	cfg := distlock.Config{Prefix: prefix}
+	ctx := t.Context()
+	other := newClient(t, rdb, cfg)
+	// Two sends at once at most (the pool's size), both held back, so
+	// that the next calls queue and go out together as one pipeline.
+	var blocked atomic.Int32
+	block := newStall(distlock.TakeScript, func([]any) bool { return blocked.Add(1) <= 2 })
+	close(block.answer)
+	again := &resend{again: make(chan struct{}), sent: make(chan struct{})}
+	opts := rdb.Options()
+	opts.PoolSize = 2
+	hc := redis.NewClient(opts)
+	t.Cleanup(func() { _ = hc.Close() })
+	hc.AddHook(block)
+	hc.AddHook(again)
+	c := newClient(t, hc, cfg)
+
+	for _, key := range []string{"a", "b"} {
+		go func() { _, _ = c.TryObtain(ctx, key, time.Minute) }()
+	}
+	require.Eventually(t, func() bool { return blocked.Load() >= 2 }, 5*time.Second, time.Millisecond)
+	results := make(chan error, 2)
+	for _, key := range []string{"job", "job2"} {
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		t.Cleanup(cancel)
+		go func() { _, err := c.TryObtain(short, key, time.Minute); results <- err }()
+	}
+	// Let both queue behind the held-back sends. If one has not, it goes
+	// out alone, on its caller's ctx, and the test checks less, no more.
+	time.Sleep(20 * time.Millisecond)
+	close(block.send)
+	receive(t, again.sent, 5*time.Second)
+	for range 2 {
+		require.ErrorIs(t, receive(t, results, 5*time.Second), context.DeadlineExceeded)
+	}
+	close(again.again)
+	for _, key := range []string{"job", "job2"} {
+		require.Eventually(t, func() bool {
+			l, err := other.TryObtain(ctx, key, time.Minute)
+			if err != nil {
+				return false
+			}
+			require.NoError(t, l.Release(ctx))
+			return true
+		}, 2*time.Second, 10*time.Millisecond, "a lock was left to a caller that had returned")
+	}
+}

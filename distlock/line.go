@@ -86,10 +86,9 @@ type waiter struct {
 	ttl   time.Duration
 	wake  chan grant // buffered; what a release or a message wakes it with
 	phase phase
-}
-
-func newWaiter(tok string, ttl time.Duration) *waiter {
-	return &waiter{tok: tok, ttl: ttl, wake: make(chan grant, 1)}
+	// ended closes when the waiter's last call to Redis has ended, also
+	// one its caller stopped waiting for; set by the waiter's goroutine.
+	ended <-chan struct{}
 }
 
 // A step is what an event asks the caller to do, outside the line's mutex.

@@ -34,10 +34,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 		if l == nil {
 			// Whatever w may have in Redis is given up, even though ctx may
 			// have ended: that may be why.
-			c.act(ctx, key, keys, c.event(key, func(ln *line) step {
-				s, _ := ln.depart(w)
-				return s
-			}))
+			c.depart(ctx, key, keys, w)
 		}
 	}()
 	if err := c.register(w); err != nil {
@@ -76,7 +73,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 // queued. tries counts the attempts so far, this one included; first says
 // whether it is the wait's first.
 func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, w *waiter, began time.Time, tries int, first bool) (*Lock, error) {
-	l, err := c.attempt(ctx, key, keys, w.tok, w.ttl, true)
+	l, err := c.attempt(ctx, key, keys, w, true)
 	if err != nil {
 		if cause := ctxerr.Of(ctx); cause != nil {
 			return nil, c.gaveUp(ctx, key, began, tries, cause)
