@@ -650,3 +650,26 @@ func TestShortLeaseDoesNotExpireOthersPlaces(t *testing.T) {
 	require.NoError(t, got.err)
 	require.NoError(t, got.l.Release(ctx))
 }
+
+// A key whose holder's lease ran out while a waiter was queued is free, and
+// a newcomer's take may get it; the lock it sets is marked, so that its
+// release serves the queue at once, not at the waiter's next recheck.
+func TestTakeBeforeAQueueServesItOnRelease(t *testing.T) {
+	t.Parallel()
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
+	ctx := t.Context()
+	_, err := c.TryObtain(ctx, "job", 100*time.Millisecond) // its holder dies
+	require.NoError(t, err)
+	waiter := obtainAsync(ctx, other, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, lockKey(prefix, "job")).Val() == 0 },
+		5*time.Second, 5*time.Millisecond, "the lease did not run out")
+	newcomer := newClient(t, rdb, distlock.Config{Prefix: prefix})
+	l, err := newcomer.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	got := receive(t, waiter, 2*time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.l.Fence(), l.Fence())
+	require.NoError(t, got.l.Release(ctx))
+}
