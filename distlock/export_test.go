@@ -33,4 +33,7 @@ var (
 	PassScript    = passScript
 	AcquireScript = acquireScript
 	TakeScript    = takeScript
+
+	QuorumLockScript   = quorumLockScript
+	QuorumUnlockScript = quorumUnlockScript
 )
