@@ -66,23 +66,24 @@ func (r *redisModel) enqueue(tok string, local bool, cur string) {
 // grantNext is queue.lua's grant_next: direct says which waiters are the
 // caller's process's, handed the lock at once.
 func (r *redisModel) grantNext(self string, direct func(qentry) bool) string {
-	for len(r.queue) > 0 {
-		e := r.queue[0]
-		r.queue = r.queue[1:]
-		switch {
-		case e.tok == self:
-			return "self"
-		case direct(e):
-			r.lock = e.tok
-			return fmt.Sprintf("%s %d", e.tok, r.nextFence())
-		}
-		r.lock = e.tok + "|g"
-		if e.local {
-			r.msgs = append(r.msgs, e.tok)
-		}
-		return "granted"
+	// Every waiter of the model renews its place: none is skipped.
+	if len(r.queue) == 0 {
+		return ""
 	}
-	return ""
+	e := r.queue[0]
+	r.queue = r.queue[1:]
+	switch {
+	case e.tok == self:
+		return "self"
+	case direct(e):
+		r.lock = e.tok
+		return fmt.Sprintf("%s %d", e.tok, r.nextFence())
+	}
+	r.lock = e.tok + "|g"
+	if e.local {
+		r.msgs = append(r.msgs, e.tok)
+	}
+	return "granted"
 }
 
 func (r *redisModel) released(f int64) int64 {
