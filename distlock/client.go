@@ -164,7 +164,8 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 }
 
 // Close stops the client's subscription and waits, until ctx ends, for its
-// goroutine, and for Redis calls that callers stopped waiting for, to
+// goroutine, for the waits it ends and the clean-up in Redis of callers
+// who gave up, and for Redis calls that callers stopped waiting for, to
 // finish. Waits in progress end with [ErrClosed]; locks already held stay
 // valid and can still be released. Close is idempotent and works on a
 // client that never subscribed. It does not close the Redis client.

@@ -30,12 +30,15 @@ import (
 // events.
 func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter, attempt bool, tries int) (l *Lock, err error) {
 	began := time.Now()
+	// Close waits for the wait to end, and for the clean-up it starts.
+	c.cleanups.add()
 	defer func() {
 		if l == nil {
 			// Whatever w may have in Redis is given up, even though ctx may
 			// have ended: that may be why.
 			c.depart(ctx, key, keys, w)
 		}
+		c.cleanups.done()
 	}()
 	if err := c.register(w); err != nil {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
