@@ -3,6 +3,7 @@ package adaptive_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/contend/contend/adaptive"
 	"github.com/contend/contend/internal/guardtest"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 )
 
 func TestMain(m *testing.M) { testserver.Main(m) }
@@ -180,4 +182,27 @@ func TestNewGuardRefusesBadConfig(t *testing.T) {
 	}
 	_, err := adaptive.NewGuard(nil, adaptive.Config{Table: "t"})
 	require.ErrorIs(t, err, contend.ErrInvalid)
+}
+
+// TestLockedQueueLeavesThePoolToOtherKeys: the locked path's waiters for a
+// hot row queue in the process, so that a call on a cold key still gets a
+// connection of a small pool; without the queue (the negative control) it
+// times out waiting for one (workload.HotWaiters).
+func TestLockedQueueLeavesThePoolToOtherKeys(t *testing.T) {
+	t.Parallel()
+	for _, queued := range []bool{true, false} {
+		t.Run(fmt.Sprintf("queued=%v", queued), func(t *testing.T) {
+			t.Parallel()
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, "pgx", url)
+			workload.Products(t, db, 100, "hot", "cold")
+			_, err := db.Exec(`ALTER TABLE products ADD COLUMN version bigint NOT NULL DEFAULT 0`)
+			require.NoError(t, err)
+			workload.HotWaiters(t, url, db, queued, func(pool *sqlx.DB) contend.Guard {
+				g := newGuard(t, pool, adaptive.Config{Table: "products", NoLocalQueue: !queued})
+				g.Pin(adaptive.Pessimistic)
+				return g
+			})
+		})
+	}
 }

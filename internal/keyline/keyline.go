@@ -16,6 +16,11 @@ import (
 	"sync"
 )
 
+// Depth is the depth a row lock wants: the holder, and the next call
+// already waiting at the server, which takes the lock the moment the holder
+// lets go, while the rest wait in the process.
+const Depth = 2
+
 // Lines is a line per key, letting at most depth calls of a key through at
 // once. It is safe for simultaneous use by multiple goroutines.
 type Lines struct {
@@ -23,11 +28,8 @@ type Lines struct {
 	c  core
 }
 
-// New returns lines letting depth calls of a key through at once. Two is
-// what a lock that hands over inside the server wants: the holder, and the
-// next call already waiting at the server, which takes the lock the moment
-// the holder lets go, while the rest wait in the process. depth must be
-// positive.
+// New returns lines letting depth calls of a key through at once (see
+// [Depth]). depth must be positive.
 func New(depth int) *Lines {
 	if depth < 1 {
 		panic(fmt.Sprintf("keyline: depth %d is not positive", depth))
