@@ -65,8 +65,9 @@
 //
 // The table is per Guard and per process: a process that sees few calls on a
 // key learns slowly that the key is hot, while its optimistic attempts lose to
-// the other processes' locked ones. A key in locked mode has each of its
-// waiters hold a connection, as package pessimistic's do. A burst shorter
+// the other processes' locked ones. A key in locked mode has its waiters
+// of one process queue in that process, as package pessimistic's do, and
+// two of them hold a connection: the holder and the next. A burst shorter
 // than a window is served in the mode the key was in. Transactions the Guard
 // does not own (a caller's *sql.Tx, another guard's fn) run once, and a lost
 // race in them returns [contend.ErrConflict] for their owner to retry.
