@@ -93,6 +93,23 @@ func (w words) decrementOn(ctx context.Context, q contend.DBTX, key, read string
 	return err
 }
 
+// inTx runs body in a transaction written by hand, and commits it: the
+// floors' transactions. Its COMMIT is bounded by a timer, as the guards'
+// are.
+func (w words) inTx(ctx context.Context, db *sqlx.DB, body func(tx *sql.Tx) error) error {
+	txCtx, done := workload.TxContext(ctx, true, 5*time.Second)
+	defer done()
+	tx, err := db.BeginTx(txCtx, w.txOptions)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if err := body(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
 // An op does one decrement of key.
 type op func(ctx context.Context, key string) error
 
@@ -144,20 +161,12 @@ func (w words) impls() []impl {
 		// by a timer, as the guard's is (the promise about time both keep).
 		{"raw-bump", func(b *testing.B, db *sqlx.DB, _ contend.DB, _ *atomic.Int64) op {
 			return func(ctx context.Context, key string) error {
-				txCtx, done := workload.TxContext(ctx, true, 5*time.Second)
-				defer done()
-				tx, err := db.BeginTx(txCtx, w.txOptions)
-				if err != nil {
-					return err
-				}
-				defer tx.Rollback()
-				if _, err := tx.ExecContext(ctx, w.bump, key); err != nil {
-					return err
-				}
-				if err := w.decrementOn(ctx, tx, key, w.read); err != nil {
-					return err
-				}
-				return tx.Commit()
+				return w.inTx(ctx, db, func(tx *sql.Tx) error {
+					if _, err := tx.ExecContext(ctx, w.bump, key); err != nil {
+						return err
+					}
+					return w.decrementOn(ctx, tx, key, w.read)
+				})
 			}
 		}},
 		{"adaptive-locked", func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {

@@ -3,7 +3,6 @@ package adaptive_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -189,20 +188,12 @@ func TestNewGuardRefusesBadConfig(t *testing.T) {
 // connection of a small pool; without the queue (the negative control) it
 // times out waiting for one (workload.HotWaiters).
 func TestLockedQueueLeavesThePoolToOtherKeys(t *testing.T) {
-	t.Parallel()
-	for _, queued := range []bool{true, false} {
-		t.Run(fmt.Sprintf("queued=%v", queued), func(t *testing.T) {
-			t.Parallel()
-			url := testserver.Postgres(t)
-			db := testserver.Open(t, "pgx", url)
-			workload.Products(t, db, 100, "hot", "cold")
-			_, err := db.Exec(`ALTER TABLE products ADD COLUMN version bigint NOT NULL DEFAULT 0`)
-			require.NoError(t, err)
-			workload.HotWaiters(t, url, db, queued, func(pool *sqlx.DB) contend.Guard {
-				g := newGuard(t, pool, adaptive.Config{Table: "products", NoLocalQueue: !queued})
-				g.Pin(adaptive.Pessimistic)
-				return g
-			})
-		})
-	}
+	workload.HotWaiters(t, func(t *testing.T, db *sqlx.DB) {
+		_, err := db.Exec(`ALTER TABLE products ADD COLUMN version bigint NOT NULL DEFAULT 0`)
+		require.NoError(t, err)
+	}, func(t *testing.T, pool *sqlx.DB, queued bool) contend.Guard {
+		g := newGuard(t, pool, adaptive.Config{Table: "products", NoLocalQueue: !queued})
+		g.Pin(adaptive.Pessimistic)
+		return g
+	})
 }

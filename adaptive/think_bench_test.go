@@ -2,6 +2,7 @@ package adaptive_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -134,17 +135,7 @@ func (w words) thinkImpls(think time.Duration) []impl {
 	return []impl{
 		{"raw", func(b *testing.B, db *sqlx.DB, _ contend.DB, _ *atomic.Int64) op {
 			return func(ctx context.Context, key string) error {
-				txCtx, done := workload.TxContext(ctx, true, 5*time.Second)
-				defer done()
-				tx, err := db.BeginTx(txCtx, w.txOptions)
-				if err != nil {
-					return err
-				}
-				defer tx.Rollback()
-				if err := w.thinkOn(ctx, tx, key, w.lockedRead, think); err != nil {
-					return err
-				}
-				return tx.Commit()
+				return w.inTx(ctx, db, func(tx *sql.Tx) error { return w.thinkOn(ctx, tx, key, w.lockedRead, think) })
 			}
 		}},
 		{"pessimistic", locker(false)},

@@ -2,7 +2,6 @@ package pessimistic_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
@@ -20,18 +19,9 @@ import (
 // completes; without it (the negative control) the hot key's waiters take
 // the whole pool and the cold call times out (workload.HotWaiters).
 func TestQueueLeavesThePoolToOtherKeys(t *testing.T) {
-	t.Parallel()
-	for _, queued := range []bool{true, false} {
-		t.Run(fmt.Sprintf("queued=%v", queued), func(t *testing.T) {
-			t.Parallel()
-			url := testserver.Postgres(t)
-			db := testserver.Open(t, "pgx", url)
-			products(t, db, 100, "hot", "cold")
-			workload.HotWaiters(t, url, db, queued, func(pool *sqlx.DB) contend.Guard {
-				return newLocker(t, pool, pessimistic.Config{NoLocalQueue: !queued})
-			})
-		})
-	}
+	workload.HotWaiters(t, func(*testing.T, *sqlx.DB) {}, func(t *testing.T, pool *sqlx.DB, queued bool) contend.Guard {
+		return newLocker(t, pool, pessimistic.Config{NoLocalQueue: !queued})
+	})
 }
 
 // TestQueueWaiterLeavesWhenCtxEnds: a call queued in the process behind two

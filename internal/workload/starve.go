@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -14,16 +15,31 @@ import (
 )
 
 // HotWaiters is a hot key's waiters beside a call on a cold key, for a
-// guard that waits for a row lock: while another session holds the
-// products row "hot" (stock 100, like "cold"; the caller made both rows),
-// ten calls of this process sell it through the guard on a pool of three
-// connections, then one call sells "cold". When the guard queues its
-// waiters in the process (queued), only two of them hold a connection, the
-// cold call gets the third and completes; when it does not, the waiters
-// take the whole pool and the cold call times out waiting for a
-// connection. Once the holder is gone, every hot call completes and no
-// sale is lost. guard makes the guard on the pool it is given.
-func HotWaiters(t *testing.T, url string, db *sqlx.DB, queued bool, guard func(pool *sqlx.DB) contend.Guard) {
+// guard that waits for a row lock, run twice: with the guard queueing its
+// waiters in the process, and without (the negative control). While another
+// session holds the products row "hot", ten calls of this process sell it
+// through the guard on a pool of three connections, then one call sells
+// "cold". Queued, only two of the waiters hold a connection, and the cold
+// call gets the third and completes; not queued, the waiters take the
+// whole pool and the cold call times out waiting for a connection. Once
+// the holder is gone, every hot call completes and no sale is lost. setup
+// adds what the guard needs to the products table (rows "hot" and "cold",
+// stock 100); guard makes the guard on the pool it is given.
+func HotWaiters(t *testing.T, setup func(t *testing.T, db *sqlx.DB), guard func(t *testing.T, pool *sqlx.DB, queued bool) contend.Guard) {
+	t.Parallel()
+	for _, queued := range []bool{true, false} {
+		t.Run(fmt.Sprintf("queued=%v", queued), func(t *testing.T) {
+			t.Parallel()
+			url := testserver.Postgres(t)
+			db := testserver.Open(t, "pgx", url)
+			Products(t, db, 100, "hot", "cold")
+			setup(t, db)
+			hotWaiters(t, url, db, queued, func(pool *sqlx.DB) contend.Guard { return guard(t, pool, queued) })
+		})
+	}
+}
+
+func hotWaiters(t *testing.T, url string, db *sqlx.DB, queued bool, guard func(pool *sqlx.DB) contend.Guard) {
 	t.Helper()
 	pid := HoldRow(t, db, "products", "hot")
 	pool := testserver.Open(t, "pgx", url)
