@@ -3,6 +3,7 @@ package pessimistic_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -67,4 +68,37 @@ func TestQueueWaiterLeavesWhenCtxEnds(t *testing.T) {
 		require.NoError(t, <-errs)
 	}
 	require.Equal(t, 8, stockOf(t, db, "hot"))
+}
+
+// TestNestedCallSkipsTheQueue: a call nested in fn, on the key its own
+// transaction already holds, joins that transaction and never waits in the
+// queue, where it would wait behind the calls that wait for itself: with
+// one call waiting at the server and another queued, the nested call still
+// runs at once, and every sale lands.
+func TestNestedCallSkipsTheQueue(t *testing.T) {
+	t.Parallel()
+	url := testserver.Postgres(t)
+	db := testserver.Open(t, "pgx", url)
+	products(t, db, 10, "p")
+	pool := testserver.Open(t, "pgx", url)
+	l := newLocker(t, pool, pessimistic.Config{})
+	sellP := func(ctx context.Context) error { return sell(ctx, contend.Querier(ctx, pool), "p") }
+
+	errs := make(chan error, 2)
+	err := l.Do(t.Context(), "p", func(ctx context.Context) error {
+		var pid int
+		if err := contend.Querier(ctx, pool).QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		go func() { errs <- l.Do(t.Context(), "p", sellP) }()
+		workload.WaitBehind(t, db, pid, 1)
+		go func() { errs <- l.Do(t.Context(), "p", sellP) }()
+		require.Eventually(t, func() bool { return l.Queued("p") == 1 }, 10*time.Second, time.Millisecond)
+		return l.Do(ctx, "p", sellP)
+	})
+	require.NoError(t, err)
+	for range 2 {
+		require.NoError(t, <-errs)
+	}
+	require.Equal(t, 7, stockOf(t, db, "p"))
 }

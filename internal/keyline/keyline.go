@@ -71,6 +71,13 @@ func (l *Lines) Exit(key string) {
 	l.c.exit(key)
 }
 
+// Waiting returns how many calls wait in key's line.
+func (l *Lines) Waiting(key string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.c.lines[key].waiting)
+}
+
 // core is the lines' state and its transitions, pure but for the channels
 // it closes: the one owner of who is through and who waits.
 //
