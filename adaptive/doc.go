@@ -77,7 +77,8 @@
 // that is a second row version per transaction, which package pessimistic's
 // lock does not write, so a hot key serves fewer calls than under that lock
 // alone (a benchmark of this package, BenchmarkDecrement, sets the guard
-// beside pessimistic and beside pessimistic-bump, the lock plus the bump).
+// beside pessimistic, and its locked path beside raw-bump, the same
+// transaction written by hand: bump, read, write, commit).
 // Optimistic mode costs a round trip more than a lock that nobody waits
 // for (the check): with a short fn and keys that are rarely contended, a
 // row lock is as fast. The guard pays off where the fixed choice is wrong
