@@ -490,7 +490,11 @@ func summary(rows []row) string {
 	}
 	for _, r := range rows {
 		if strings.HasPrefix(r.Strategy, "atomic") && r.Keys == 1 && r.Skipped == "" {
-			fmt.Fprintf(&b, "- %s, hot key, %d worker(s): %s at %s× %s.\n", r.Workload, r.Workers, r.Strategy, vsRaw(rows, r), floor(r.Strategy))
+			procs := ""
+			if r.Processes > 1 {
+				procs = fmt.Sprintf(" × %d processes", r.Processes)
+			}
+			fmt.Fprintf(&b, "- %s, hot key, %d worker(s)%s: %s at %s× %s.\n", r.Workload, r.Workers, procs, r.Strategy, vsRaw(rows, r), floor(r.Strategy))
 		}
 	}
 	b.WriteString(lockSummary(rows))
