@@ -82,15 +82,16 @@
 // Optimistic mode costs a round trip more than a lock that nobody waits
 // for (the check): with a short fn and keys that are rarely contended, a
 // row lock is as fast. The guard pays off over the optimistic guard on a
-// key that turned hot, whose retries cost far more than the lock. It does
-// not over package pessimistic's lock, whose waiters for a key queue in the
-// process: in this module's benchmark suite (go run ./examples/bench; fn
-// waiting 2 ms between its read and its write, a pool of 10 connections, 64
-// workers), that lock served as many calls as the adaptive guard or more on
-// spread keys, on one hot key among cold ones, and on keys that turn hot.
-// Where a row lock is acceptable on every key, it is the simpler choice;
-// the adaptive guard is for code that is optimistic for its cold keys and
-// must not retry without end when one turns hot.
+// key that turned hot, whose retries cost far more than the lock. Against
+// package pessimistic's lock, whose waiters for a key queue in the process,
+// it is not a sure gain: in this module's benchmark suite (go run
+// ./examples/bench; fn waiting 2 ms between its read and its write, a pool
+// of 10 connections, 64 workers) the adaptive guard served more calls on
+// spread keys, where it runs optimistic, but fewer, with a higher p99 on
+// the cold keys, when a third of the calls went to one hot key, and the
+// two were within the noise of each other on keys that turn hot. Use it
+// for code that is optimistic for its cold keys and must not retry
+// without end when one turns hot.
 //
 // Statements work with lib/pq, pgx's stdlib driver and pgx's native pool
 // wrapped by pgxdb.Wrap, and with MySQL 8 and MariaDB through
