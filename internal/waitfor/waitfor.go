@@ -12,6 +12,7 @@ package waitfor
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 )
@@ -49,4 +50,13 @@ func Recv[T any](t testing.TB, ch <-chan T, bound time.Duration, promise string)
 		t.Fatalf("%s (nothing within %v)", promise, bound)
 		panic("unreachable")
 	}
+}
+
+// Wait waits for wg, and fails t, naming promise, when it is not done
+// within bound.
+func Wait(t testing.TB, wg *sync.WaitGroup, bound time.Duration, promise string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	Recv(t, done, bound, promise)
 }
