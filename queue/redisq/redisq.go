@@ -75,9 +75,12 @@
 //   - Inside that group, one consumer per instance that held the partition:
 //     deleted when the instance gives the partition up with nothing
 //     pending, else by the next owner once it has claimed its entries.
-//   - Prefix + "{p}:dead", partition p's dead letters: kept for people to
-//     look at, so it does not expire either; [Config.DeadLetterLimit] bounds
-//     it, dropping the oldest.
+//   - Prefix + "{p}:dead", partition p's dead letters, an entry each with
+//     the fields key, payload, id (the job's entry in the partition's
+//     stream), attempts and error: kept for people to work through
+//     ([Queue.DeadLetters] lists them, [Queue.RequeueDeadLetters] and
+//     [Queue.DeleteDeadLetters] take them out), so it does not expire
+//     either; [Config.DeadLetterLimit] bounds it, dropping the oldest.
 //   - Prefix + "replies:" + an instance's name, the answers to its
 //     submitters: it expires [Config.ReplyTTL] after the last answer.
 //   - Prefix + "instances", the instances' heartbeats: it expires three
@@ -141,7 +144,7 @@ type Config struct {
 	MaxBatch int
 	// Retry bounds the deliveries of a failing job, counted by the stream
 	// across owners (see the package doc), and the wait between them; after
-	// the last it goes to the partition's dead-letter stream. A failed
+	// the last it goes to the partition's dead letters ([DeadLetter]). A failed
 	// batch is delivered again whole while each of its jobs has more than
 	// one delivery left, then its jobs run alone, so only the job that
 	// keeps failing is dead-lettered (after Retry's deliveries, or one more
@@ -292,9 +295,6 @@ var _ queue.Backend = (*Queue)(nil)
 // stream is partition p's stream; the hash tag keeps it and its dead letters
 // on one Cluster slot.
 func (q *Queue) stream(p int) string { return q.cfg.Prefix + "{" + strconv.Itoa(p) + "}" }
-
-// DeadLetters is the name of partition p's dead-letter stream.
-func (q *Queue) DeadLetters(p int) string { return q.stream(p) + ":dead" }
 
 // Partition returns key's partition: the same FNV-1a 64 mapping as package
 // queue.
@@ -941,7 +941,7 @@ func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queu
 		if err == nil {
 			r = results[i]
 		} else {
-			dead.XAdd(ctx, &redis.XAddArgs{Stream: q.DeadLetters(p), MaxLen: q.cfg.DeadLetterLimit, Approx: true, Values: []any{
+			dead.XAdd(ctx, &redis.XAddArgs{Stream: q.deadLetters(p), MaxLen: q.cfg.DeadLetterLimit, Approx: true, Values: []any{
 				"key", d.job.Key, "payload", d.job.Payload, "id", d.msg.ID,
 				"attempts", d.job.Attempt, "error", err.Error(),
 			}})

@@ -97,9 +97,10 @@ func testSubmit(t *testing.T, client redis.UniversalClient, prefix string) {
 	_, err = producer.Submit(ctx, "sku-1", []byte("fail"))
 	require.ErrorIs(t, err, redisq.ErrRemote)
 	require.ErrorContains(t, err, "no such thing")
-	n, err := client.XLen(t.Context(), producer.DeadLetters(producer.Partition("sku-1"))).Result()
+	dead, err := producer.DeadLetters(ctx, producer.Partition("sku-1"), "", 0)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the failed job is in the dead-letter stream")
+	require.Len(t, dead, 1, "the failed job is a dead letter")
+	require.Equal(t, "fail", string(dead[0].Job.Payload))
 
 	got, err = producer.Submit(ctx, "sku-1", []byte("after"))
 	require.NoError(t, err, "the key moves on after a dead letter")
