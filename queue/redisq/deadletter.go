@@ -72,8 +72,7 @@ func (q *Queue) DeadLetters(ctx context.Context, p int, after string, count int)
 		attempts, _ := m.Values["attempts"].(string)
 		n, _ := strconv.Atoi(attempts)
 		msg, _ := m.Values["error"].(string)
-		job := toJob(m, n)
-		letters[i] = DeadLetter{ID: m.ID, Job: job, Err: fmt.Errorf("%w: %s", ErrRemote, msg), At: at}
+		letters[i] = DeadLetter{ID: m.ID, Job: toJob(m, n), Err: remote(msg), At: at}
 	}
 	return letters, nil
 }

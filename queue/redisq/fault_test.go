@@ -367,7 +367,7 @@ func (h readsThrough) signal() {
 func TestFaultLateReadOfOldOwner(t *testing.T) {
 	t.Parallel()
 	client, prefix := testserver.Redis(t)
-	const ttl, late = 600 * time.Millisecond, 3 * time.Second
+	const ttl, late = 600 * time.Millisecond, 4 * time.Second
 	lease, oldClient := behind(t, client, redis.Options{})
 	reads, readClient := behind(t, client, redis.Options{ReadTimeout: 30 * time.Second})
 	sent := make(chan struct{}, 1)

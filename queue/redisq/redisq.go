@@ -425,10 +425,14 @@ func encodeAnswer(r queue.Result) string {
 
 func decodeAnswer(s string) ([]byte, error) {
 	if strings.HasPrefix(s, "e") {
-		return nil, fmt.Errorf("%w: %s", ErrRemote, s[1:])
+		return nil, remote(s[1:])
 	}
 	return []byte(strings.TrimPrefix(s, "v")), nil
 }
+
+// remote is the error a handler on another instance failed with, from its
+// message.
+func remote(msg string) error { return fmt.Errorf("%w: %s", ErrRemote, msg) }
 
 type fenceKey struct{}
 
