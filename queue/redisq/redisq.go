@@ -144,9 +144,9 @@ type Config struct {
 	MaxBatch int
 	// Retry bounds the deliveries of a failing job, counted by the stream
 	// across owners (see the package doc), and the wait between them; after
-	// the last it goes to the partition's dead letters ([DeadLetter]). A failed
-	// batch is delivered again whole while each of its jobs has more than
-	// one delivery left, then its jobs run alone, so only the job that
+	// the last it goes to the partition's dead letters ([DeadLetter]). A
+	// failed batch is delivered again whole while each of its jobs has more
+	// than one delivery left, then its jobs run alone, so only the job that
 	// keeps failing is dead-lettered (after Retry's deliveries, or one more
 	// when MaxAttempts is 1): a batch of n jobs that keeps failing costs at
 	// most MaxAttempts−1+n handler calls and MaxAttempts−1 waits, as
