@@ -439,3 +439,44 @@ func TestFaultLateReadOfOldOwner(t *testing.T) {
 	waitDepth(t, producer, 0)
 	require.Empty(t, oldGot, "the old owner handled a job after its lease")
 }
+
+// The reply to an owner's read is lost after Redis ran it, with jobs in it:
+// go-redis sends the read again after its ReadTimeout, and the jobs the
+// first read took are pending on the owner without its knowing. It sees
+// them on its next read, and delivers them, in order, before anything
+// after them.
+func TestFaultReadReplyLost(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	const timeout = 500 * time.Millisecond
+	proxy, via := behind(t, client, redis.Options{ReadTimeout: timeout})
+	got := make(chan string, 16)
+	gate := make(chan struct{})
+	instance(t, via, prefix, redisq.Config{Partitions: 1, Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
+		got <- string(job.Payload)
+		if string(job.Payload) == "gate" {
+			<-gate
+		}
+		return nil, nil
+	}})
+	producer := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	require.NoError(t, producer.Enqueue(t.Context(), "k", []byte("gate")))
+	require.Equal(t, "gate", <-got)
+	for _, p := range []string{"1", "2"} {
+		require.NoError(t, producer.Enqueue(t.Context(), "k", []byte(p)))
+	}
+	proxy.DropReplyTo("XREADGROUP") // the owner's next read: it takes 1 and 2
+	close(gate)
+	require.NoError(t, producer.Enqueue(t.Context(), "k", []byte("3")))
+	var handled []string
+	for len(handled) < 3 {
+		select {
+		case p := <-got:
+			handled = append(handled, p)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("handled %v", handled)
+		}
+	}
+	require.Equal(t, []string{"1", "2", "3"}, handled)
+	waitDepth(t, producer, 0)
+}
