@@ -154,7 +154,7 @@ func TestNaiveBreaksAcrossProcesses(t *testing.T) {
 func TestAcrossCells(t *testing.T) {
 	t.Parallel()
 	rows, err := Run(t.Context(), Options{
-		Duration:   400 * time.Millisecond,
+		Duration:   800 * time.Millisecond,
 		Workers:    []int{8},
 		Keys:       []int{1},
 		Workloads:  []string{"decrement", "mixed"},
