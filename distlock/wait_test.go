@@ -186,6 +186,7 @@ func TestCancelledWaitReturnsPromptly(t *testing.T) {
 	_, err = c.Obtain(deadline, "job", time.Minute)
 	require.ErrorIs(t, err, contend.ErrConflict)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+	waitQueued(t, rdb, prefix, "job", 0)
 
 	require.NoError(t, holder.Release(t.Context()))
 	require.Zero(t, rdb.Exists(t.Context(), lockKey(prefix, "job")).Val(), "the lock went to a waiter that had left")
