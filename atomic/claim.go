@@ -35,7 +35,8 @@ type ClaimConfig struct {
 	LeaseColumn string
 	// Lease is how long a claim holds when LeaseColumn is set; [Claimer.Do]
 	// extends it every Lease/3 while fn runs. The deadline is computed by the
-	// database's clock, so instances' clocks need not agree. Default: 30s.
+	// database's clock as the claim's statement runs (also inside a long
+	// transaction), so instances' clocks need not agree. Default: 30s.
 	Lease time.Duration
 	// FinishTimeout bounds the release [Claimer.Do] makes after fn, which
 	// it makes even when ctx has ended. When the bound passes without an
@@ -166,15 +167,19 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 			return nil, err
 		}
 		c.lease = cfg.Lease
-		deadline := `now() + $3::bigint * interval '1 microsecond'`
-		claimSQL = fmt.Sprintf(`UPDATE %s SET %s = $2, %s = %s WHERE %s = $1 AND (%s IS NULL OR %s < now())`,
+		// clock_timestamp(), not now(): now() is the start of the
+		// transaction, and a claim or an extension made in a caller's
+		// transaction older than the lease would commit a lease already
+		// passed, which another instance could take at once.
+		deadline := `clock_timestamp() + $3::bigint * interval '1 microsecond'`
+		claimSQL = fmt.Sprintf(`UPDATE %s SET %s = $2, %s = %s WHERE %s = $1 AND (%s IS NULL OR %s < clock_timestamp())`,
 			table, owner, lease, deadline, key, owner, lease)
 		releaseSQL = fmt.Sprintf(`UPDATE %s SET %s = NULL, %s = NULL WHERE %s = $1 AND %s = $2`,
 			table, owner, lease, key, owner)
 		// An expired claim is not extended even if nobody took it yet: its
 		// holder was told it was lost (or will be), so reviving it would let
 		// two parties believe they hold the key.
-		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= now()`,
+		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= clock_timestamp()`,
 			table, lease, deadline, key, owner, lease)
 	}
 	// One round trip tells a win, a lost race and a missing row apart, in

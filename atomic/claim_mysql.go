@@ -16,7 +16,8 @@ import (
 // to tell a win, a lost race and a missing row apart in one round trip, so
 // a claim that matched no row asks whether the row exists (only losers pay
 // it). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
-// server's clock, whatever each session's time_zone.
+// server's clock, whatever each session's time_zone, read as each statement
+// begins (not as its transaction did, unlike PostgreSQL's now()).
 //
 // A plain UPDATE is enough under InnoDB's default REPEATABLE READ too: an
 // UPDATE reads the latest committed row, not the transaction's snapshot,
