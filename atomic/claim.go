@@ -157,7 +157,8 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 	// Plain UPDATEs under READ COMMITTED are enough: of two concurrent claims,
 	// the second waits for the first's row lock and then re-checks its WHERE
 	// against the committed row, where the owner is no longer NULL.
-	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s IS NULL`, table, owner, key, owner)
+	free := owner + ` IS NULL`
+	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s`, table, owner, key, free)
 	releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)
 	var extendSQL string
 	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, observer: cfg.Observer}
@@ -172,8 +173,9 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 		// transaction older than the lease would commit a lease already
 		// passed, which another instance could take at once.
 		deadline := `clock_timestamp() + $3::bigint * interval '1 microsecond'`
-		claimSQL = fmt.Sprintf(`UPDATE %s SET %s = $2, %s = %s WHERE %s = $1 AND (%s IS NULL OR %s < clock_timestamp())`,
-			table, owner, lease, deadline, key, owner, lease)
+		free = fmt.Sprintf(`(%s IS NULL OR %s < clock_timestamp())`, owner, lease)
+		claimSQL = fmt.Sprintf(`UPDATE %s SET %s = $2, %s = %s WHERE %s = $1 AND %s`,
+			table, owner, lease, deadline, key, free)
 		releaseSQL = fmt.Sprintf(`UPDATE %s SET %s = NULL, %s = NULL WHERE %s = $1 AND %s = $2`,
 			table, owner, lease, key, owner)
 		// An expired claim is not extended even if nobody took it yet: its
@@ -182,22 +184,28 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= clock_timestamp()`,
 			table, lease, deadline, key, owner, lease)
 	}
-	// One round trip tells a win, a lost race and a missing row apart, in
-	// the count of rows the statement reports, as the bare UPDATE reports
-	// its own: the UPDATE in the WITH runs to completion whatever the outer
-	// query reads; the outer query sees the row as the statement began, and
-	// gives no row after a claim, one after a lost race, and two when the
-	// row is missing. A hot key's losers would otherwise pay a second query
-	// each; and the answer is a count, of rows without columns, not values
-	// to scan, and none for a win, so the driver's cost is the bare
-	// UPDATE's.
+	// One round trip tells a win and a lost race apart, in the count of
+	// rows the statement reports, as the bare UPDATE reports its own: the
+	// UPDATE in the WITH runs to completion whatever the outer query reads;
+	// the outer query sees the row as the statement began, and gives no row
+	// after a claim, one when the row was held then, and two when it was
+	// not there or free. A row free then and not claimed was taken, or
+	// deleted, while the UPDATE waited for its lock: only a statement of
+	// its own sees which (probedClaim). A hot key's losers would otherwise
+	// pay a second query each; and the answer is a count, of rows without
+	// columns, not values to scan, and none for a win, so the driver's cost
+	// is the bare UPDATE's.
 	claimSQL = fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT FROM (VALUES (1), (2)) AS outcome (n) `+
-		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1))`,
-		claimSQL, table, key)
+		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1 AND %s IS NOT TRUE))`,
+		claimSQL, table, key, free)
+	existsSQL := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`, table, key)
 
-	if err := c.prepare(ctx, cfg.Table, []statement{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}}); err != nil {
+	var claim, exists sqldb.Stmt
+	if err := c.prepare(ctx, cfg.Table, []statement{{&claim, claimSQL}, {&exists, existsSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}}); err != nil {
+		closeAll(claim, exists)
 		return nil, err
 	}
+	c.claim = probedClaim{claim: claim, exists: ordered{exists, []int{argKey}}, won: 0, unsure: 2}
 	return c, nil
 }
 
