@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/token"
 	"github.com/contend/contend/internal/txn"
@@ -38,8 +40,9 @@ type ClaimConfig struct {
 	// database's clock as the claim's statement runs (also inside a long
 	// transaction), so instances' clocks need not agree. Default: 30s.
 	Lease time.Duration
-	// FinishTimeout bounds the release [Claimer.Do] makes after fn, which
-	// it makes even when ctx has ended. When the bound passes without an
+	// FinishTimeout bounds the release [Claimer.Do] makes after fn, and the
+	// one of a claim whose outcome is unknown (see [Claimer.Claim]), which
+	// they make even when ctx has ended. When the bound passes without an
 	// answer (a network gone silent), Do returns an error matching
 	// [context.DeadlineExceeded] and the claim may still be held: until its
 	// lease passes, or, without a lease column, until cleared. Default: 5s.
@@ -56,8 +59,9 @@ type ClaimConfig struct {
 	//     over or cleared (Err matches [contend.ErrLockLost]);
 	//   - GaveUp when ctx ends a claim's statement;
 	//   - Failed when a statement errs, or the key has no row.
-	// It runs on the caller's goroutine, or on the one extending Do's lease,
-	// and must not block. Default: nil, no events, at no cost.
+	// It runs on the caller's goroutine, on the one extending Do's lease,
+	// or on the one releasing a claim whose outcome was unknown, and must
+	// not block. Default: nil, no events, at no cost.
 	Observer contend.Observer
 }
 
@@ -103,6 +107,10 @@ type Claimer struct {
 
 	observer contend.Observer // nil: report nothing
 	tracked  claims           // of Claim and ClaimAs, when observed
+
+	// unsure counts the releases of claims whose outcome is unknown, each
+	// on a goroutine of its own, within finish; Close waits for them.
+	unsure sync.WaitGroup
 }
 
 var _ contend.Guard = (*Claimer)(nil)
@@ -231,8 +239,11 @@ func (c *Claimer) prepare(ctx context.Context, table string, stmts []statement) 
 	return nil
 }
 
-// Close releases the prepared statements. The Claimer must not be used after.
+// Close waits for the releases of claims whose outcome was unknown (see
+// [Claimer.Claim]), each at most [ClaimConfig.FinishTimeout], then releases
+// the prepared statements. The Claimer must not be used after.
 func (c *Claimer) Close() error {
+	c.unsure.Wait()
 	var errs []error
 	for _, s := range []sqldb.Stmt{c.claim, c.release, c.extend} {
 		if s != nil {
@@ -247,6 +258,16 @@ func (c *Claimer) Close() error {
 // token is known before the work begins, so the work can carry it). It returns
 // an error matching [contend.ErrConflict] when key is already claimed and
 // [contend.ErrNotFound] when key has no row.
+//
+// When Claim cannot tell whether its claim was made (ctx ended, or the
+// connection broke, after the statement was sent: the server may have
+// applied it and the answer been lost), it returns an error that says so,
+// and releases its token itself, in the background, within
+// [ClaimConfig.FinishTimeout] (Close waits for it): a release clears only
+// the claim of that token, so it is safe whether or not the claim was made.
+// Only if that release fails too may the key stay claimed: until the lease
+// passes, or without a lease column until cleared. In a transaction the
+// claim is the transaction's, and ends with it instead.
 func (c *Claimer) Claim(ctx context.Context, key string) (token string, err error) {
 	t := newToken()
 	if err := c.ClaimAs(ctx, key, t); err != nil {
@@ -281,8 +302,14 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 
 // claimRow makes the claim of ClaimAs, reporting nothing.
 func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
+	if err := ctxerr.Of(ctx); err != nil {
+		// Nothing sent, so nothing to release.
+		return fmt.Errorf("atomic: claim %q: %w", key, err)
+	}
 	n, err := c.run(ctx, c.claim, key, token, c.lease > 0)
 	switch {
+	case err != nil && c.mayHaveClaimed(ctx, err):
+		return c.releaseUnknown(ctx, key, token, err)
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	case n == 0:
@@ -291,6 +318,42 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
 	}
 	return &heldError{key}
+}
+
+// mayHaveClaimed reports whether a claim statement that failed with err
+// may have been applied all the same, and committed: it ran outside any
+// transaction, and the error is not the server's answer (nor a refusal
+// before anything was sent).
+func (c *Claimer) mayHaveClaimed(ctx context.Context, err error) bool {
+	if sqlerr.FromServer(err) || errors.Is(err, contend.ErrInvalid) {
+		return false
+	}
+	tx, terr := c.tx(ctx)
+	return tx == nil && terr == nil && !c.onTx
+}
+
+// releaseUnknown releases the claim of key with token, which may or may
+// not have been made (the claim failed with err), on a goroutine that Close
+// waits for, and returns the error the claim reports. The release runs at
+// once: the caller has given up, and a claim made unheard would otherwise
+// hold key for nobody.
+func (c *Claimer) releaseUnknown(ctx context.Context, key, token string, err error) error {
+	c.unsure.Go(func() {
+		released, rerr := c.releaseAfter(ctx, key, token)
+		switch {
+		case c.observer == nil:
+		case rerr != nil:
+			c.reportFailed(ctx, key, rerr)
+		case released:
+			c.reportEnd(ctx, key, held{}, nil, nil, nil)
+		}
+	})
+	until := "until its owner column is cleared"
+	if c.lease > 0 {
+		until = "until its lease passes, at the latest " + time.Now().Add(c.lease).Format(time.RFC3339Nano)
+	}
+	return fmt.Errorf("atomic: claim %q: the outcome is unknown, so the claim, if made, is being released "+
+		"(within %v; if that release fails too, the key may stay claimed %s): %w", key, c.finish, until, err)
 }
 
 // heldError is a claim's lost race: "atomic: claim <key>: <ErrConflict>",
@@ -369,7 +432,8 @@ func (c *Claimer) extendRow(ctx context.Context, key, token string) (extended bo
 // Do claims key, runs fn, and releases the claim, also when fn returns an error
 // or panics (the panic is re-raised after the release). It returns fn's error,
 // or an error matching [contend.ErrConflict] without running fn when key is
-// held. With a lease column the lease is extended while fn runs; if it is lost
+// held, or the claim's error without running fn when it was not made or
+// may not have been (then released as [Claimer.Claim] says). With a lease column the lease is extended while fn runs; if it is lost
 // (taken over after an extension failed, or cleared by hand), fn's ctx is
 // cancelled with cause [contend.ErrLockLost] and Do's error matches it too.
 //
