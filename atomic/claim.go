@@ -213,7 +213,7 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 		closeAll(claim, exists)
 		return nil, err
 	}
-	c.claim = probedClaim{claim: claim, exists: ordered{exists, []int{argKey}}, won: 0, unsure: 2}
+	c.claim = probedClaim{claim: claim, exists: exists, won: 0, unsure: 2}
 	return c, nil
 }
 

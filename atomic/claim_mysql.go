@@ -54,7 +54,7 @@ func newMySQLClaimer(ctx context.Context, d sqldb.DB, cfg ClaimConfig, table, ke
 		closeAll(update, exists, release, extend)
 		return nil, err
 	}
-	c.claim = probedClaim{claim: ordered{update, claimOrder}, exists: ordered{exists, []int{argKey}}, won: 1, unsure: 0}
+	c.claim = probedClaim{claim: ordered{update, claimOrder}, exists: exists, won: 1, unsure: 0}
 	c.release = release // key, token: the order the claimer passes them in
 	if extend != nil {
 		c.extend = ordered{extend, []int{argLease, argKey, argToken}}
@@ -100,8 +100,8 @@ func (s ordered) QueryRow(ctx context.Context, tx sqldb.Tx, args ...any) sqldb.R
 // while the claim waited for its lock.
 type probedClaim struct {
 	claim       sqldb.Stmt
-	exists      ordered
-	won, unsure int64 // claim's counts
+	exists      sqldb.Stmt // takes the key, the first of the claimer's arguments
+	won, unsure int64      // claim's counts
 }
 
 func (s probedClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
@@ -115,7 +115,7 @@ func (s probedClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64,
 		return 1, nil
 	}
 	var exists bool
-	if err := s.exists.QueryRow(ctx, tx, args...).Scan(&exists); err != nil {
+	if err := s.exists.QueryRow(ctx, tx, args[argKey:argKey+1]...).Scan(&exists); err != nil {
 		return 0, err
 	}
 	if exists {
