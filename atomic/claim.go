@@ -265,8 +265,10 @@ func (c *Claimer) Close() error {
 // and releases its token itself, in the background, within
 // [ClaimConfig.FinishTimeout] (Close waits for it): a release clears only
 // the claim of that token, so it is safe whether or not the claim was made.
-// Only if that release fails too may the key stay claimed: until the lease
-// passes, or without a lease column until cleared. In a transaction the
+// Only if that release fails too, or the claim's statement reaches the
+// server after it (a network that delayed it rather than lost it), may the
+// key stay claimed: until the lease passes, or without a lease column until
+// cleared. In a transaction the
 // claim is the transaction's, and ends with it instead.
 func (c *Claimer) Claim(ctx context.Context, key string) (token string, err error) {
 	t := newToken()
@@ -353,7 +355,7 @@ func (c *Claimer) releaseUnknown(ctx context.Context, key, token string, err err
 		until = "until its lease passes, at the latest " + time.Now().Add(c.lease).Format(time.RFC3339Nano)
 	}
 	return fmt.Errorf("atomic: claim %q: the outcome is unknown, so the claim, if made, is being released "+
-		"(within %v; if that release fails too, the key may stay claimed %s): %w", key, c.finish, until, err)
+		"(within %v; should the release fail, or the claim land after it, the key may stay claimed %s): %w", key, c.finish, until, err)
 }
 
 // heldError is a claim's lost race: "atomic: claim <key>: <ErrConflict>",

@@ -1,7 +1,7 @@
 // Package mysqldb lets the SQL strategies run on MySQL and MariaDB through
 // go-sql-driver/mysql. Open the pool as usual with clientFoundRows=true in
-// the DSN (or with [Open], which sets it), wrap it once, and pass the wrapped value where a strategy takes a
-// [contend.DB]:
+// the DSN (or with [Open], which sets it), wrap it, and pass the wrapped
+// value where a strategy takes a [contend.DB]:
 //
 //	db, err := sql.Open("mysql", "app@tcp(127.0.0.1:3306)/shop?clientFoundRows=true")
 //	...
