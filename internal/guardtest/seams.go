@@ -15,11 +15,17 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/history"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/waitfor"
 )
 
 // writesTable records the writes of [CarelessNesting]'s calls, one row per
 // write.
 const writesTable = "guardtest_writes"
+
+// callBound is the ctx of each call of [CarelessNesting]: long enough for
+// PostgreSQL to find the deadlock (deadlock_timeout, 1s by default) and for
+// the victim to run again.
+const callBound = 30 * time.Second
 
 // CarelessNesting runs rounds of two calls of s's guard whose fns cross: each
 // writes, locks its own key's counter row (an UPDATE through the guard's
@@ -75,7 +81,7 @@ func CarelessNesting(t *testing.T, s Suite, rounds int, nest func(t testing.TB, 
 			mine, other := own[i], own[1-i]
 			var runs atomic.Int32
 			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+				ctx, cancel := context.WithTimeout(t.Context(), callBound)
 				defer cancel()
 				c.err = g.Do(ctx, mine, func(ctx context.Context) error {
 					q := testserver.Querier(ctx, env.Handle)
@@ -116,7 +122,7 @@ func CarelessNesting(t *testing.T, s Suite, rounds int, nest func(t testing.TB, 
 				})
 			})
 		}
-		wg.Wait()
+		waitfor.Wait(t, &wg, callBound+waitfor.Grace, "careless_nesting: a crossing call did not return after its ctx ended")
 		for _, c := range calls {
 			var n int
 			require.NoError(t, env.DB.Get(&n, `SELECT count(*) FROM `+writesTable+` WHERE op = `+p(1), c.op))
@@ -186,7 +192,7 @@ func oneSession(t *testing.T, s Suite) {
 			}
 		})
 	}
-	wg.Wait()
+	waitfor.Wait(t, &wg, ops*10*time.Second+waitfor.Grace, "one_session: a call through one session did not return after its ctx ended")
 	close(errs)
 	var first []error
 	for err := range errs {
