@@ -90,6 +90,7 @@ func TestDeadTransactionStaysDeadOnMariaDB(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	db := testserver.Open(t, testserver.MariaDBDriver, testserver.MariaDB(t))
+	db.SetMaxOpenConns(3) // the other transaction's, the caller's, and the test's
 	mariaRows(t, db, "locks", "a", "b")
 	_, err := db.Exec("CREATE TABLE ballast (n int)")
 	require.NoError(t, err)
@@ -119,7 +120,7 @@ func TestDeadTransactionStaysDeadOnMariaDB(t *testing.T) {
 		return db.Get(&n, "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT'") == nil && n == 1
 	}, 10*time.Second, 10*time.Millisecond, "the other transaction never waited for a")
 
-	l, err := pessimistic.New(mysqldb.Wrap(tx), pessimistic.Config{Table: "locks"})
+	l, err := pessimistic.New(mysqldb.Wrap(tx), pessimistic.Config{Table: "locks", LockTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	ran := false
 	err = l.Do(ctx, "b", func(context.Context) error { ran = true; return nil })
@@ -134,4 +135,15 @@ func TestDeadTransactionStaysDeadOnMariaDB(t *testing.T) {
 	var a int
 	require.NoError(t, db.Get(&a, "SELECT n FROM locks WHERE id = 'a'"))
 	require.Equal(t, 1, a, "only the other transaction's write to a stays")
+
+	// The lock timeout, a setting of the session, was put back on the
+	// caller's connection although its transaction died.
+	for range 3 {
+		c, err := db.Conn(ctx)
+		require.NoError(t, err)
+		defer c.Close()
+		var timeout int
+		require.NoError(t, c.QueryRowContext(ctx, "SELECT @@SESSION.innodb_lock_wait_timeout").Scan(&timeout))
+		require.Equal(t, 50, timeout, "a connection went back to the pool with the locker's lock timeout")
+	}
 }

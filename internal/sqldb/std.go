@@ -323,18 +323,23 @@ func (t *stdTx) Err() error {
 }
 
 // rolledBack records that the server rolled the transaction back, with
-// cause, the error of the statement that did. The first cause stays. The
-// *sql.Tx is rolled back first, so that a statement sent on it after this
-// fails (sql.ErrTxDone) rather than run alone in autocommit, whichever way
-// it reaches the transaction.
+// cause, the error of the statement that did. The first cause stays.
 func (t *stdTx) rolledBack(cause error) {
-	if r, ok := t.db.(interface{ Rollback() error }); ok {
-		_ = r.Rollback()
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.dead == nil {
 		t.dead = fmt.Errorf("the server rolled the transaction back, nothing it did stays, run it again from the start: %w", cause)
+	}
+}
+
+// end rolls back the *sql.Tx of a transaction the server rolled back, so
+// that a statement sent on it afterwards fails (sql.ErrTxDone) rather than
+// run alone in autocommit, and its owner's Commit fails: for a *sql.Tx
+// that is not reached through t alone (the caller's), and for the row of
+// [stdTx.QueryRowContext]. The connection goes back to its pool.
+func (t *stdTx) end() {
+	if r, ok := t.db.(interface{ Rollback() error }); ok {
+		_ = r.Rollback()
 	}
 }
 
@@ -386,10 +391,13 @@ func (t *stdTx) QueryContext(ctx context.Context, query string, args ...any) (*s
 	return rows, err
 }
 
-// QueryRowContext needs no check first: a transaction the server rolled
-// back has had its *sql.Tx rolled back, whose row says so (sql.ErrTxDone)
-// without a round trip.
+// QueryRowContext's *sql.Row can carry no error of the library's: in a
+// transaction the server rolled back, the *sql.Tx is rolled back first, and
+// its row says so (sql.ErrTxDone) without a round trip.
 func (t *stdTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if t.Err() != nil {
+		t.end()
+	}
 	row := t.db.QueryRowContext(ctx, query, args...)
 	if err := row.Err(); err != nil {
 		t.failed(ctx, err)
@@ -418,6 +426,29 @@ func (t *stdTx) Query(ctx context.Context, query string, args ...any) (Rows, err
 }
 
 func (t *stdTx) std() *stdTx { return t }
+
+// SessionExec runs query in tx even when the server has rolled tx back: a
+// statement about the session, not the transaction (a session variable put
+// back), which a rollback does not undo and which must reach the
+// connection before it goes back to its pool.
+func SessionExec(ctx context.Context, tx Tx, query string) error {
+	var q Querier = tx
+	if t, ok := tx.(interface{ std() *stdTx }); ok {
+		q = t.std().stdQuerier
+	}
+	_, err := q.Exec(ctx, query)
+	return err
+}
+
+// EndDead ends tx's database/sql transaction when the server has rolled
+// it back, so that nothing more runs in it, through any handle, and its
+// owner's Commit fails. For a guard that found a transaction it does not
+// own dead; the owner of one ends it by rolling it back.
+func EndDead(tx Tx) {
+	if t, ok := tx.(interface{ std() *stdTx }); ok && tx.Err() != nil {
+		t.std().end()
+	}
+}
 
 type stdOwnTx struct {
 	stdTx

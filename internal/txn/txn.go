@@ -128,7 +128,13 @@ func RunTx(ctx context.Context, d sqldb.DB, opts Options, fn func(ctx context.Co
 		if err := context.Cause(ctx); err != nil {
 			return 0, err
 		}
-		return 1, withDeath(h.Tx, fn(h.Tx.Context(ctx), h.Tx))
+		err := withDeath(h.Tx, fn(h.Tx.Context(ctx), h.Tx))
+		if h.Tx.Err() != nil {
+			// The owner, a caller's code or a guard's, must see it dead too,
+			// whatever it makes of this call's error.
+			_ = Within("rollback", DefaultFinishTimeout, func() error { sqldb.EndDead(h.Tx); return nil }, func() {})
+		}
+		return 1, err
 	}
 	retryable := func(err error) bool {
 		return sqlerr.Retryable(err) || (opts.Retryable != nil && opts.Retryable(err))
