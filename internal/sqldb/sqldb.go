@@ -161,7 +161,7 @@ func Open(db contend.DB) (DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s, ok := d.(interface{ OneSession() bool }); ok && s.OneSession() {
+	if s, ok := unwrap(d).(interface{ OneSession() bool }); ok && s.OneSession() {
 		return nil, fmt.Errorf("db is one connection, one server session: a guard begins a transaction per call, and "+
 			"two calls on one session would run in one transaction, which a lock does not keep apart; pass the pool "+
 			"(*sql.DB, sqlx's DB, a *pgxpool.Pool wrapped by pgxdb.Wrap), or a transaction of yours to run in: %w", contend.ErrInvalid)
