@@ -41,13 +41,17 @@ import (
 //	asking    its attempts ask Redis; may be queued    obtained: holding; queued: asking;
 //	                                                   a release hands it the lock: holding;
 //	                                                   depart: left, and leave in Redis
-//	sent      taken along by the head's release        the release ends: holding, asking
+//	sent      taken along by the head's release        another release hands it the lock
+//	                                                   (it had queued it): holding;
+//	                                                   the release ends: holding, asking
 //	                                                   (queued, or its reply lost) or
 //	                                                   deferred (the lock went to another
 //	                                                   waiter here); depart: left, and
 //	                                                   the release's end leaves for it
 //	holding   holds the lock (the head, until until)   its release: gone from the line;
 //	                                                   queued (an older reply): unchanged;
+//	                                                   rejoin (grant unread): attempts,
+//	                                                   obtained: the same hold;
 //	                                                   depart (grant unread): left, leave
 //	left      its caller returned without the lock     nothing: never head or holder again
 //
@@ -223,6 +227,8 @@ func (l *line) endRelease(tok string, along *waiter, o outcome) (s step, ok bool
 // reply was o.
 func (l *line) settle(along *waiter, o outcome, s *step) {
 	switch {
+	case along.phase == holding:
+		// Another release here handed it the lock meanwhile.
 	case along.phase == left:
 		// Its caller has gone; whatever the release gave it is given up
 		// now, after the release, unless the lock went to another waiter.
@@ -257,6 +263,11 @@ func (l *line) grantTo(o outcome, s *step) {
 		w := l.asked[i]
 		l.asked = slices.Delete(l.asked, i, i+1)
 		l.hold(w, o, s)
+	case l.along != nil && l.along.tok == o.next && l.along.phase == sent:
+		// Queued by the release that took it along, whose reply is still
+		// on its way, and handed the lock by this one: it holds it, which
+		// that reply's end leaves as it is.
+		l.hold(l.along, o, s)
 	case l.head != nil && l.head.tok == o.next && l.head.phase == holding:
 		// Its own attempt found the lock first: the same hold.
 	default:
@@ -303,10 +314,12 @@ func (l *line) depart(w *waiter) (s step, ok bool) {
 // else it asks, as the head if there is none.
 func (l *line) rejoin(w *waiter, now time.Time) (attempt, ok bool) {
 	switch w.phase {
-	case asking:
+	case asking, holding:
+		// A waiter handed the lock that woke without its grant (a request
+		// to look took its place) finds its hold by an attempt.
 		return true, true
-	case sent, holding:
-		// The release under way settles it, or its grant is in wake.
+	case sent:
+		// The release under way settles it.
 		return false, true
 	case deferred:
 	default:

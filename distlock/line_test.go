@@ -572,6 +572,12 @@ func (w *world) check() {
 	if holders > 1 {
 		w.t.Fatalf("%d holders", holders)
 	}
+	for _, g := range w.gs {
+		if g.st == gSleeping && g.w.phase == holding && len(g.w.wake) == 0 {
+			// It would sleep until its recheck with the lock its own.
+			w.t.Fatalf("%s was handed the lock, and nothing wakes it", g.w.tok)
+		}
+	}
 	if len(w.calls) > 0 || len(w.r.msgs) > 0 {
 		return
 	}
