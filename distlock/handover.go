@@ -29,8 +29,8 @@ func (c *Client) act(ctx context.Context, key string, keys []string, s step, aft
 		wake(u.w, u.g)
 		handed = handed || u.g.fence > 0
 	}
-	if s.leave != "" {
-		c.cleanUp(ctx, key, keys, s.leave, after)
+	for _, tok := range s.leave {
+		c.cleanUp(ctx, key, keys, tok, after)
 	}
 	if handed {
 		// Give the new holder this processor, as sync.Mutex's Unlock does

@@ -43,9 +43,9 @@ import (
 //	                                                   depart: left, and leave in Redis
 //	sent      taken along by the head's release        another release hands it the lock
 //	                                                   (it had queued it): holding;
-//	                                                   the release ends: holding, asking
-//	                                                   (queued, or its reply lost) or
-//	                                                   deferred (the lock went to another
+//	                                                   the release ends: holding, or
+//	                                                   asking (queued, its reply lost,
+//	                                                   or the lock went to another
 //	                                                   waiter here); depart: left, and
 //	                                                   the release's end leaves for it
 //	holding   holds the lock (the head, until until)   its release: gone from the line;
@@ -98,7 +98,7 @@ type waiter struct {
 // A step is what an event asks the caller to do, outside the line's mutex.
 type step struct {
 	wakes []wakeup
-	leave string // a token whose place or lock in Redis must be given up
+	leave []string // tokens whose place or lock in Redis must be given up
 }
 
 type wakeup struct {
@@ -231,10 +231,10 @@ func (l *line) settle(along *waiter, o outcome, s *step) {
 		// Another release here handed it the lock meanwhile.
 	case along.phase == left:
 		// Its caller has gone; whatever the release gave it is given up
-		// now, after the release, unless the lock went to another waiter.
-		if o.lost || o.next == "" || o.next == along.tok {
-			s.leave = along.tok
-		}
+		// now, after the release. Even when the reply says the lock went
+		// to another waiter: a release sent twice may have queued it the
+		// first time.
+		s.leave = append(s.leave, along.tok)
 	case o.lost:
 		along.phase = asking
 		l.asked = append(l.asked, along)
@@ -242,8 +242,12 @@ func (l *line) settle(along *waiter, o outcome, s *step) {
 	case o.next == along.tok:
 		l.hold(along, o, s)
 	case o.next != "":
-		along.phase = deferred
-		l.behind = slices.Insert(l.behind, 0, along)
+		// The lock went to another waiter here, from Redis's queue; a
+		// release sent twice may have queued along the first time, so it
+		// asks Redis where it stands.
+		along.phase = asking
+		l.asked = append(l.asked, along)
+		s.wakes = append(s.wakes, wakeup{w: along})
 	default: // queued in Redis, behind another process's lock or waiter
 		along.phase = asking
 		l.asked = append(l.asked, along)
@@ -271,7 +275,7 @@ func (l *line) grantTo(o outcome, s *step) {
 	case l.head != nil && l.head.tok == o.next && l.head.phase == holding:
 		// Its own attempt found the lock first: the same hold.
 	default:
-		s.leave = o.next
+		s.leave = append(s.leave, o.next)
 	}
 }
 
@@ -300,7 +304,7 @@ func (l *line) depart(w *waiter) (s step, ok bool) {
 		// A head stays the head, with its leave under way, until the
 		// leave's end: it takes along the waiter behind it.
 		l.asked = remove(l.asked, w)
-		s.leave = w.tok
+		s.leave = append(s.leave, w.tok)
 	default:
 		return s, false
 	}

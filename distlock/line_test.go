@@ -347,9 +347,9 @@ func (w *world) act(s step) {
 	for _, u := range s.wakes {
 		wake(u.w, u.g)
 	}
-	if s.leave != "" {
-		along, inTurn := w.line.beginRelease(s.leave)
-		w.release(nil, s.leave, 0, true, along, inTurn)
+	for _, tok := range s.leave {
+		along, inTurn := w.line.beginRelease(tok)
+		w.release(nil, tok, 0, true, along, inTurn)
 	}
 }
 
