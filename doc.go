@@ -5,9 +5,10 @@
 // trading engines; three servers each see "1 left in stock" and all three sell
 // it. A [sync.Mutex] cannot stop this, because the servers do not share memory.
 // Every fix coordinates at a point all instances share, the database or Redis,
-// and they differ in whether and how they lock. contend offers five, each as a
-// small package behind one contract, [Guard], so a call site can move from one
-// to another as traffic changes.
+// and they differ in whether and how they lock. contend offers them as small
+// packages (atomic, pessimistic, optimistic, adaptive, distlock, queue) behind
+// one contract, [Guard], so a call site can move from one to another as
+// traffic changes.
 //
 // # Which strategy
 //
@@ -26,8 +27,7 @@
 //   - Is the work outside the database (a cron job that must run on one
 //     instance, an external API that must not be called twice)? Use a Redis
 //     lease with an owner token and fencing: package distlock. It is the most
-//     delicate of the five; use it only when the database cannot hold the
-//     rule.
+//     delicate of them; use it only when the database cannot hold the rule.
 //   - Does one hot key take more traffic than a lock on it can serve? Stop
 //     contending: send every job of a key to one partition consumed by one
 //     worker, in order, and batch them: package queue. The price is eventual
@@ -131,4 +131,11 @@
 // [Retry] is the one retry policy of the module (attempts, exponential
 // backoff with full jitter, honouring ctx): optimistic retries, deadlock
 // retries and lock waits all use it.
+//
+// # Compatibility
+//
+// Until v1.0.0, a minor version (v0.2.0 after v0.1.x) may break callers; a
+// patch version does not. Every breaking change is listed in the repository's
+// CHANGELOG.md with what replaces it. The promises a guard states (see
+// [Promises]) count as API: weakening one is a breaking change.
 package contend
