@@ -121,10 +121,11 @@
 // Every strategy reports what it does (obtained, conflict, retry, gave up,
 // released, lost, failed) through one [Observer] set in its config, as one
 // [Event] shape: key, strategy, wait and hold times, attempts, fencing
-// token, error. [SlogObserver] logs them; an OpenTelemetry adapter (metrics
-// and a span per guarded call) is in the repository's examples, to keep
-// OpenTelemetry out of this module's dependencies. With no Observer set,
-// nothing is built and no clock is read.
+// token, error. [SlogObserver] logs them; the OpenTelemetry adapter (metrics
+// and a span per guarded call) is package otelcontend, in module
+// github.com/contend/contend/otelcontend, a module of its own so that
+// OpenTelemetry stays out of this module's dependencies. With no Observer
+// set, nothing is built and no clock is read.
 //
 // # Retries
 //
