@@ -133,6 +133,13 @@
 // backoff with full jitter, honouring ctx): optimistic retries, deadlock
 // retries and lock waits all use it.
 //
+// # Testing code that uses a guard
+//
+// Package contendtest scripts a guard's outcomes (a lost race, a lost lock,
+// a slow wait, ctx's end), so a test can check how its caller answers each,
+// and releases a function from many goroutines at once, to check the
+// caller's own invariant under contention.
+//
 // # Compatibility
 //
 // Until v1.0.0, a minor version (v0.2.0 after v0.1.x) may break callers; a
