@@ -9,7 +9,8 @@
 // test that the caller's invariant holds under a real guard, run the
 // caller from many goroutines with [Race] against a real backend.
 //
-// The package imports only the standard library and contend.
+// The package imports only the standard library and contend: a test that
+// uses it links no driver.
 package contendtest
 
 import (
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 )
 
 // An Outcome is what one call of a scripted [Guard] does. Build one with
@@ -87,11 +89,7 @@ func WaitForCtx() Outcome {
 }
 
 func gaveUp(ctx context.Context, key string) error {
-	err := ctx.Err()
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, err) {
-		err = fmt.Errorf("%w: %w", err, cause)
-	}
-	return fmt.Errorf("contendtest: %q: gave up waiting: %w (%w)", key, contend.ErrConflict, err)
+	return fmt.Errorf("contendtest: %q: gave up waiting: %w (%w)", key, contend.ErrConflict, ctxerr.Of(ctx))
 }
 
 // LoseLock runs fn and, after d, cancels fn's ctx with cause
