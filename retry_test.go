@@ -102,6 +102,31 @@ func TestRetryDoHonoursContext(t *testing.T) {
 
 func TestRetryDefaults(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, contend.DefaultMaxAttempts, contend.Retry{}.Attempts())
-	require.LessOrEqual(t, contend.Retry{}.Delay(1000), contend.DefaultMaxDelay)
+	// The documented defaults, written out: a check against the constants
+	// themselves could not fail when a constant changed.
+	require.Equal(t, 10, contend.Retry{}.Attempts())
+	require.LessOrEqual(t, contend.Retry{}.Delay(1000), 500*time.Millisecond)
+	require.LessOrEqual(t, contend.Retry{}.Delay(1), 2*time.Millisecond)
+}
+
+// TestZeroRetryRunsTenTimes counts the runs of an operation that always fails
+// under the zero Retry: the documented default is 10 attempts.
+func TestZeroRetryRunsTenTimes(t *testing.T) {
+	t.Parallel()
+	calls := 0
+	attempts, err := contend.Retry{BaseDelay: time.Microsecond, MaxDelay: time.Microsecond}.Do(context.Background(), func(context.Context) error {
+		calls++
+		return contend.ErrConflict
+	}, nil)
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.Equal(t, 10, calls, "the zero Retry's MaxAttempts is documented as 10")
+	require.Equal(t, calls, attempts)
+
+	calls = 0
+	_, err = contend.Retry{}.Do(context.Background(), func(context.Context) error {
+		calls++
+		return contend.ErrConflict
+	}, nil)
+	require.ErrorIs(t, err, contend.ErrConflict)
+	require.Equal(t, 10, calls, "a zero Retry{} runs a failing operation 10 times")
 }
