@@ -15,12 +15,15 @@ import (
 // status maps what a guard's Do returned to an HTTP status. The order
 // matters: a wait that ctx's end cut short matches both ctx's error and
 // ErrConflict, and it is a timeout (try again), not a lost race (already
-// done); a missing row is not a lost race either.
-func status(err error) int {
+// done); a missing row is not a lost race either. ctx's end is read from
+// ctx itself, not from err: when a lease is lost, fn's own ctx is cancelled
+// and an fn that returns its ctx's error makes err match
+// [context.Canceled] while the request is still alive.
+func status(ctx context.Context, err error) int {
 	switch {
 	case err == nil:
 		return http.StatusOK
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	case ctx.Err() != nil:
 		return http.StatusServiceUnavailable
 	case errors.Is(err, contend.ErrConflict):
 		return http.StatusConflict
@@ -40,9 +43,9 @@ func startHandler(g contend.Guard) http.Handler {
 		defer cancel()
 		bot := r.PathValue("bot")
 		err := g.Do(ctx, bot, func(ctx context.Context) error {
-			return nil // start the engine here
+			return ctx.Err() // start the engine here, heeding ctx
 		})
-		code := status(err)
+		code := status(ctx, err)
 		if code == http.StatusServiceUnavailable {
 			w.Header().Set("Retry-After", "1")
 		}
@@ -59,11 +62,12 @@ func Example_httpHandler() {
 		contendtest.Conflict(),
 		contendtest.NotFound(),
 		contendtest.WaitForCtx(), // the wait outlasts the handler's 200ms
+		contendtest.LoseLock(0),  // matches context.Canceled, but the request is alive
 		contendtest.Fail(errors.New("connection reset")),
 	)
 	mux := http.NewServeMux()
 	mux.Handle("POST /bots/{bot}/start", startHandler(g))
-	for range 5 {
+	for range 6 {
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, httptest.NewRequest("POST", "/bots/bot-1/start", nil))
 		fmt.Println(rec.Code, http.StatusText(rec.Code))
@@ -73,5 +77,6 @@ func Example_httpHandler() {
 	// 409 Conflict
 	// 404 Not Found
 	// 503 Service Unavailable
+	// 500 Internal Server Error
 	// 500 Internal Server Error
 }

@@ -26,7 +26,7 @@ func startBot(ctx context.Context, g contend.Guard, bot string) string {
 	switch {
 	case err == nil:
 		return "started"
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	case ctx.Err() != nil:
 		// Before ErrConflict: a wait cut short by ctx matches both.
 		return "timed out, try again"
 	case errors.Is(err, contend.ErrLockLost):
