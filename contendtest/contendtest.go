@@ -9,8 +9,8 @@
 // test that the caller's invariant holds under a real guard, run the
 // caller from many goroutines with [Race] against a real backend.
 //
-// The package imports only the standard library and contend: a test that
-// uses it links no driver.
+// The package imports nothing outside the standard library and this
+// module: a test that uses it links no driver.
 package contendtest
 
 import (
