@@ -436,14 +436,28 @@ func (t *stdTx) Query(ctx context.Context, query string, args ...any) (Rows, err
 
 func (t *stdTx) std() *stdTx { return t }
 
+// stdOf returns the database/sql transaction tx is, seeing through a
+// driver package's wrapper of it (mysqldb's, which checks the DSN before
+// its first statement).
+func stdOf(tx Tx) (*stdTx, bool) {
+	if w, ok := tx.(interface{ Unwrap() Tx }); ok {
+		tx = w.Unwrap()
+	}
+	t, ok := tx.(interface{ std() *stdTx })
+	if !ok {
+		return nil, false
+	}
+	return t.std(), true
+}
+
 // SessionExec runs query in tx even when the server has rolled tx back: a
 // statement about the session, not the transaction (a session variable put
 // back), which a rollback does not undo and which must reach the
 // connection before it goes back to its pool.
 func SessionExec(ctx context.Context, tx Tx, query string) error {
 	var q Querier = tx
-	if t, ok := tx.(interface{ std() *stdTx }); ok {
-		q = t.std().stdQuerier
+	if t, ok := stdOf(tx); ok {
+		q = t.stdQuerier
 	}
 	_, err := q.Exec(ctx, query)
 	return err
@@ -454,8 +468,8 @@ func SessionExec(ctx context.Context, tx Tx, query string) error {
 // owner's Commit fails. For a guard that found a transaction it does not
 // own dead; the owner of one ends it by rolling it back.
 func EndDead(tx Tx) {
-	if t, ok := tx.(interface{ std() *stdTx }); ok && tx.Err() != nil {
-		t.std().end()
+	if t, ok := stdOf(tx); ok && tx.Err() != nil {
+		t.end()
 	}
 }
 
@@ -485,11 +499,10 @@ func (s stdStmt) in(ctx context.Context, tx Tx) (*sql.Stmt, *stdTx, error) {
 	if tx == nil {
 		return s.s, nil, nil
 	}
-	t, ok := tx.(interface{ std() *stdTx })
+	st, ok := stdOf(tx)
 	if !ok {
 		return nil, nil, fmt.Errorf("the transaction is a %T, which cannot run prepared statements: %w", tx, contend.ErrInvalid)
 	}
-	st := t.std()
 	in, ok := st.db.(interface {
 		StmtContext(ctx context.Context, s *sql.Stmt) *sql.Stmt
 	})
