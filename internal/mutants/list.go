@@ -197,8 +197,8 @@ var mutants = []mutant{
 		Old:    "if holds(cur, token) or cur == token .. '|g' then",
 		New:    "if cur then",
 		Pkg:    "./distlock",
-		Run:    "TestStaleReleaseKeepsTheNewHolder|TestWaitersAreServedInOrder$|TestGivingUpPassesOnAGrant",
-		Breaks: "a release of a lock with waiters hands it on only if the releaser held it",
+		Run:    "TestStaleReleaseOfAWaitedForLockKeepsTheNewHolder",
+		Breaks: "a release of a lock obtained by waiting deletes or hands on the lock only if the releaser holds it",
 	},
 	{
 		Name:   "distlock/refresh-token",
