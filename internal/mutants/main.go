@@ -7,6 +7,7 @@
 //	go run ./internal/mutants -short              # the cheap few CI runs
 //	go run ./internal/mutants -list               # print the list
 //	go run ./internal/mutants -baseline -run X    # the named tests on the unchanged tree
+//	go run ./internal/mutants -run X -tests TestY # mutant X against other tests
 //
 // Each mutant ends as one of:
 //
@@ -48,6 +49,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.run, "run", "", "run only the mutants whose name matches this regexp")
 	flag.BoolVar(&o.short, "short", false, "run only the mutants marked Short: the subset CI runs")
+	flag.StringVar(&o.tests, "tests", "", "run these tests instead of each mutant's own (a -test.run pattern), to try a new test")
 	flag.BoolVar(&o.list, "list", false, "print the mutants selected and exit")
 	flag.BoolVar(&o.baseline, "baseline", false, "run each selected mutant's tests on the unchanged tree: they must pass")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Second, "bound on each mutant's test run (its build is not counted)")
@@ -71,6 +73,7 @@ func main() {
 
 type options struct {
 	run      string
+	tests    string
 	short    bool
 	list     bool
 	baseline bool
@@ -138,6 +141,14 @@ func run(o options, out io.Writer) (bool, error) {
 	sel, err := selectMutants(mutants, o.run, o.short)
 	if err != nil {
 		return false, err
+	}
+	if o.tests != "" {
+		if _, err := regexp.Compile(o.tests); err != nil {
+			return false, fmt.Errorf("-tests: %w", err)
+		}
+		for i := range sel {
+			sel[i].Run = o.tests
+		}
 	}
 	if len(sel) == 0 {
 		return false, errors.New("no mutant matches -run")
