@@ -490,35 +490,48 @@ func firstFailure(output string) (test, detail string) {
 }
 
 // failureDetail is the first message of a failure's log: the file and line,
-// and testify's "Error:" and "Messages:" when the line has none.
+// and testify's "Error:" (with the two lines after it: expected and actual)
+// and "Messages:" when the line has none.
 func failureDetail(log []string) string {
-	var loc, msg string
+	var loc string
+	var msg []string
+	more := 0 // continuation lines of testify's Error still wanted
 	for _, l := range log {
 		if failLine.MatchString(l) || strings.HasPrefix(strings.TrimSpace(l), "=== ") {
 			break
 		}
-		t := strings.TrimSpace(l)
 		if loc == "" {
 			if m := locLine.FindStringSubmatch(l); m != nil {
-				loc, msg = m[1], strings.TrimSpace(m[2])
-				if msg != "" {
+				loc = m[1]
+				if text := strings.TrimSpace(m[2]); text != "" {
+					msg = append(msg, text)
 					break
 				}
 			}
 			continue
 		}
-		for _, key := range []string{"Error:", "Messages:"} {
-			if rest, ok := strings.CutPrefix(t, key); ok {
-				msg = strings.TrimSpace(strings.TrimSpace(msg) + " " + strings.TrimSpace(rest))
-			}
+		// testify: "\tKey:   \tvalue", a continuation "\t      \tvalue".
+		var key, value string
+		if parts := strings.SplitN(l, "\t", 3); len(parts) == 3 {
+			key, value = strings.TrimSpace(parts[1]), strings.TrimSpace(parts[2])
 		}
-		if strings.HasPrefix(t, "Messages:") {
+		switch {
+		case key == "Error:":
+			msg, more = append(msg, value), 2
+		case key == "Messages:":
+			msg = append(msg, value)
+		case key == "" && more > 0 && value != "":
+			msg, more = append(msg, value), more-1
+		default:
+			more = 0
+		}
+		if key == "Messages:" {
 			break
 		}
 	}
-	d := strings.TrimSpace(loc + ": " + msg)
-	if len(d) > 200 {
-		d = d[:200] + "…"
+	d := loc + ": " + strings.Join(strings.Fields(strings.Join(msg, " ")), " ")
+	if len(d) > 240 {
+		d = d[:240] + "…"
 	}
 	return d
 }

@@ -93,6 +93,21 @@ func TestJudgeCaught(t *testing.T) {
 	test, detail = firstFailure(out[strings.Index(out, "--- FAIL: TestSecond"):])
 	require.Equal(t, "TestSecond", test)
 	require.Equal(t, "stale_test.go:33: Should be false the new holder's TTL moved", detail)
+
+	test, detail = firstFailure(strings.Join([]string{
+		"--- FAIL: TestGuardLostRace (0.00s)",
+		"    --- FAIL: TestGuardLostRace/attempts=1 (0.41s)",
+		"        guard_test.go:194: ",
+		"            \tError Trace:\tguard_test.go:194",
+		"            \tError:      \tNot equal: ",
+		"            \t            \texpected: account{Version:1}",
+		"            \t            \tactual  : account{Version:0}",
+		"            \t            \t",
+		"            \t            \tDiff:",
+		"            \tTest:       \tTestGuardLostRace/attempts=1",
+	}, "\n"))
+	require.Equal(t, "TestGuardLostRace/attempts=1", test)
+	require.Equal(t, "guard_test.go:194: Not equal: expected: account{Version:1} actual : account{Version:0}", detail)
 }
 
 func TestJudgeHung(t *testing.T) {
