@@ -334,6 +334,9 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 		}
 	}
 	out := measure(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, op, c.picker())
+	if out.Stalled != "" {
+		return outcome{}, fmt.Errorf("%s/%s: %s", c.Workload, c.Strategy, out.Stalled)
+	}
 	out.Retries = cnt.retries.Load()
 	return out, nil
 }

@@ -53,6 +53,7 @@ import (
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/subtest"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/waitfor"
 )
 
 // Env is what a guard is built on, in whichever process builds it.
@@ -149,7 +150,8 @@ func underContention(t *testing.T, s Suite) {
 }
 
 // calls checks what single calls see: what the guard promises, fn's error
-// and panic, a lost race, ctx, an empty key.
+// and panic, a lost race, ctx, an empty key. Every call is bounded
+// (waitfor): a guard that hangs fails its check in seconds, named.
 func calls(t *testing.T, s Suite) {
 	t.Run("promises", func(t *testing.T) {
 		// What the guard says of itself is what the rest of the suite
@@ -165,30 +167,34 @@ func calls(t *testing.T, s Suite) {
 	t.Run("returns_fn_error", func(t *testing.T) {
 		g, k := build(t, s)
 		sentinel := errors.New("fn failed")
-		err := g.Do(t.Context(), k, func(context.Context) error { return fmt.Errorf("wrapped: %w", sentinel) })
+		err := doFree(t, g, k, func(context.Context) error { return fmt.Errorf("wrapped: %w", sentinel) })
 		require.ErrorIs(t, err, sentinel)
-		err = g.Do(t.Context(), k, func(context.Context) error { return sentinel })
+		err = doFree(t, g, k, func(context.Context) error { return sentinel })
 		require.ErrorIs(t, err, sentinel)
-		require.NoError(t, g.Do(t.Context(), k, func(context.Context) error { return nil }))
+		require.NoError(t, doFree(t, g, k, func(context.Context) error { return nil }))
 	})
 	t.Run("lost_race", func(t *testing.T) { lostRace(t, s) })
 	t.Run("ctx_cancelled_before", func(t *testing.T) {
 		g, k := build(t, s)
-		ctx, cancel := context.WithCancel(t.Context())
-		cancel()
 		ran := false
-		err := g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
+		err := waitfor.Call(t, freeBound, "ctx_cancelled_before: a call whose ctx had already ended did not return", func(ctx context.Context) error {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
+		})
 		require.ErrorIs(t, err, context.Canceled)
 		require.False(t, ran, "fn ran under a cancelled ctx")
 		requireFree(t, g, k)
 	})
 	t.Run("ctx_cancelled_during_fn", func(t *testing.T) {
 		g, k := build(t, s)
-		ctx, cancel := context.WithCancel(t.Context())
-		err := g.Do(ctx, k, func(ctx context.Context) error {
-			cancel()
-			<-ctx.Done()
-			return ctx.Err()
+		err := waitfor.Call(t, freeBound, "ctx_cancelled_during_fn: the call did not return after fn saw its ctx end", func(ctx context.Context) error {
+			ctx, cancel := context.WithCancel(ctx)
+			return g.Do(ctx, k, func(ctx context.Context) error {
+				cancel()
+				<-ctx.Done()
+				return ctx.Err()
+			})
 		})
 		require.ErrorIs(t, err, context.Canceled)
 		requireFree(t, g, k)
@@ -196,20 +202,32 @@ func calls(t *testing.T, s Suite) {
 	t.Run("panic_in_fn", func(t *testing.T) {
 		g, k := build(t, s)
 		var recovered any
-		func() {
+		_ = waitfor.Call(t, freeBound, "panic_in_fn: the call did not re-raise fn's panic", func(ctx context.Context) error {
 			defer func() { recovered = recover() }()
-			_ = g.Do(t.Context(), k, func(context.Context) error { panic("boom") })
-		}()
+			return g.Do(ctx, k, func(context.Context) error { panic("boom") })
+		})
 		require.Equal(t, "boom", recovered, "Do must re-raise fn's panic")
 		requireFree(t, g, k)
 	})
 	t.Run("empty_key", func(t *testing.T) {
 		g, _ := build(t, s)
 		ran := false
-		err := g.Do(t.Context(), "", func(context.Context) error { ran = true; return nil })
+		err := doFree(t, g, "", func(context.Context) error { ran = true; return nil })
 		require.ErrorIs(t, err, contend.ErrInvalid)
 		require.False(t, ran)
 	})
+}
+
+// freeBound bounds a call on a key nobody holds: it connects, takes the key
+// and runs fn, which a loaded machine does in well under a second.
+const freeBound = 10 * time.Second
+
+// doFree runs fn under g for key, which nobody else holds, bounded by
+// freeBound.
+func doFree(t *testing.T, g contend.Guard, key string, fn func(context.Context) error) error {
+	t.Helper()
+	return waitfor.Call(t, freeBound, fmt.Sprintf("a call on the free key %q never returned: the guard waits for nothing, or ignores ctx", key),
+		func(ctx context.Context) error { return g.Do(ctx, key, fn) })
 }
 
 // keys returns n keys no other test uses: some guards keep their state
@@ -249,14 +267,35 @@ func setup(t testing.TB, s Suite, env Env, keys []string) {
 
 func newGuard(t testing.TB, s Suite, env Env) contend.Guard {
 	g := s.New(t, env)
+	var closeGuard func(ctx context.Context) error
 	switch c := g.(type) {
 	case interface{ Close() error }:
-		t.Cleanup(func() { _ = c.Close() })
+		closeGuard = func(context.Context) error { return c.Close() }
 	case interface{ Close(context.Context) error }:
-		t.Cleanup(func() { _ = c.Close(context.WithoutCancel(t.Context())) })
+		closeGuard = c.Close
+	}
+	if closeGuard != nil {
+		t.Cleanup(func() {
+			// Bounded, so that a guard whose Close waits for a call left
+			// behind by a failed check fails the test, named, instead of
+			// hanging it.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), closeBound)
+			defer cancel()
+			done := make(chan struct{})
+			go func() { _ = closeGuard(ctx); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(closeBound + waitfor.Grace):
+				t.Errorf("the guard's Close did not return within %v: it waits for a call that never ends", closeBound)
+			}
+		})
 	}
 	return g
 }
+
+// closeBound bounds a guard's Close at the end of a test: it waits for the
+// guard's own goroutines, which end at once when no call is running.
+const closeBound = 10 * time.Second
 
 // open connects to the schema at url and to Redis; prefix "" makes a fresh
 // Redis prefix, cleaned when t ends.
@@ -285,10 +324,10 @@ func withHandle(t testing.TB, driver, url string, env Env) Env {
 // ErrConflict, a waiting one must not wait.
 func requireFree(t *testing.T, g contend.Guard, key string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-	defer cancel()
 	ran := false
-	err := g.Do(ctx, key, func(context.Context) error { ran = true; return nil })
+	err := waitfor.Call(t, 5*time.Second, fmt.Sprintf("key %q is still held: a call on it never returned", key), func(ctx context.Context) error {
+		return g.Do(ctx, key, func(context.Context) error { ran = true; return nil })
+	})
 	require.NoError(t, err, "key %q is still held", key)
 	require.True(t, ran)
 }
@@ -298,9 +337,14 @@ func lostRace(t *testing.T, s Suite) {
 	inside, leave := make(chan struct{}), make(chan struct{})
 	var (
 		entered    sync.Once // an optimistic guard runs the holder's fn again
+		left       sync.Once
 		holderRuns atomic.Int32
 		holderErr  = make(chan error, 1)
 	)
+	letGo := func() { left.Do(func() { close(leave) }) }
+	// A failed check must not leave the holder inside for ever: the clean-up
+	// of the pool and the schema would wait for it.
+	t.Cleanup(letGo)
 	go func() {
 		holderErr <- g.Do(t.Context(), k, func(context.Context) error {
 			holderRuns.Add(1)
@@ -312,36 +356,41 @@ func lostRace(t *testing.T, s Suite) {
 	select {
 	case <-inside:
 	case err := <-holderErr:
-		t.Fatalf("holder did not get in: %v", err)
+		t.Fatalf("lost_race: the holder did not get in on a free key: %v", err)
+	case <-time.After(freeBound + waitfor.Grace):
+		t.Fatalf("lost_race: the holder never got in on a free key, nor returned")
 	}
 
 	ran := false
 	switch {
 	case s.FailFast:
-		err := g.Do(t.Context(), k, func(context.Context) error { ran = true; return nil })
+		err := waitfor.Call(t, freeBound, "lost_race: a fail-fast guard did not answer while another held the key", func(ctx context.Context) error {
+			return g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
+		})
+		require.NotErrorIs(t, err, context.DeadlineExceeded, "lost_race: a fail-fast guard waited for the holder instead of answering at once")
+		require.False(t, ran, "lost_race: fn ran while another held the key: the guard did not exclude")
 		require.ErrorIs(t, err, contend.ErrConflict)
 		require.ErrorContains(t, err, k, "the conflict names its key")
-		require.False(t, ran, "fn ran while another held the key")
 	case s.Exclusive:
 		// Long enough that, on a loaded machine, ctx ends in the wait for
 		// the key and not while the call is still connecting, which is no
 		// lost race.
-		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
-		err := g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
-		cancel()
+		err := waitfor.Call(t, time.Second, "lost_race: the second caller never returned after its ctx ended: the guard ignores ctx in its wait", func(ctx context.Context) error {
+			return g.Do(ctx, k, func(context.Context) error { ran = true; return nil })
+		})
+		require.False(t, ran, "lost_race: fn ran while another held the key: the guard did not exclude")
 		require.ErrorIs(t, err, context.DeadlineExceeded)
 		require.ErrorIs(t, err, contend.ErrConflict, "every guard gives a wait that ctx ended the same shape: a lost race, and ctx's error")
-		require.False(t, ran, "fn ran while another held the key")
 	default:
 		// Nothing is held: the second caller runs and commits at once, and
 		// the holder's commit must then notice the version moved.
-		err := g.Do(t.Context(), k, func(context.Context) error { ran = true; return nil })
+		err := doFree(t, g, k, func(context.Context) error { ran = true; return nil })
 		require.NoError(t, err)
 		require.True(t, ran)
 	}
 
-	close(leave)
-	require.NoError(t, <-holderErr)
+	letGo()
+	require.NoError(t, waitfor.Recv(t, holderErr, freeBound, "lost_race: the holder's call never returned after its fn did"))
 	if !s.Exclusive && !s.FailFast {
 		require.EqualValues(t, 2, holderRuns.Load(), "the holder's fn must run again after another caller committed")
 	}

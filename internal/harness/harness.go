@@ -14,6 +14,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,7 +45,16 @@ type Config struct {
 	// walks Keys in order, operation i going to Keys[i%len(Keys)], so all
 	// goroutines race for each key in turn ("rounds").
 	Spread bool
+	// Stall is how long a run may go with operations in flight and none
+	// returning before it is taken as stuck: every operation waits for
+	// others to finish (the holder of its key, a connection), so when none
+	// has finished for this long, none will. A stuck run stops waiting and
+	// reports it in [Result.Stalled]. Default: 20s.
+	Stall time.Duration
 }
+
+// DefaultStall is [Config.Stall]'s default.
+const DefaultStall = 20 * time.Second
 
 func (c Config) withDefaults() Config {
 	if c.Goroutines <= 0 {
@@ -52,6 +62,9 @@ func (c Config) withDefaults() Config {
 	}
 	if len(c.Keys) == 0 {
 		c.Keys = []string{"hot"}
+	}
+	if c.Stall <= 0 {
+		c.Stall = DefaultStall
 	}
 	return c
 }
@@ -88,6 +101,11 @@ type Result struct {
 	FirstErrors []string `json:"first_errors"`
 	// Elapsed is the longest time a process spent running operations.
 	Elapsed time.Duration `json:"elapsed"`
+	// Stalled, when not empty, says that a run stopped waiting because no
+	// operation returned for [Config.Stall], and which calls were still in
+	// flight: the operation waits forever, or lost a caller. Their
+	// goroutines are left behind, and nothing else in the Result is final.
+	Stalled string `json:"stalled,omitempty"`
 }
 
 func (r *Result) merge(o Result) {
@@ -103,6 +121,9 @@ func (r *Result) merge(o Result) {
 	r.Latencies = append(r.Latencies, o.Latencies...)
 	r.FirstErrors = append(r.FirstErrors, o.FirstErrors...)
 	r.Elapsed = max(r.Elapsed, o.Elapsed)
+	if o.Stalled != "" {
+		r.Stalled = strings.TrimPrefix(r.Stalled+"; "+o.Stalled, "; ")
+	}
 }
 
 // Percentile returns the latency below which p (0 to 1) of operations took.
@@ -125,7 +146,8 @@ func (r Result) Throughput() float64 {
 const maxErrorSamples = 10
 
 // Local runs op from cfg.Goroutines goroutines of this process, ignoring
-// cfg.Processes, and returns what happened. It stops early when ctx ends.
+// cfg.Processes, and returns what happened. It stops early when ctx ends,
+// and stops waiting when the run stalls (see [Config.Stall]).
 func Local(ctx context.Context, cfg Config, op Op) Result {
 	cfg = cfg.withDefaults()
 	if cfg.Duration > 0 {
@@ -134,14 +156,15 @@ func Local(ctx context.Context, cfg Config, op Op) Result {
 		defer cancel()
 	}
 	var (
-		mu   sync.Mutex // protects res
-		res  = Result{PerKey: map[string]Count{}}
-		wg   sync.WaitGroup
-		left atomic.Int64 // operations of cfg.Total not yet taken
+		mu     sync.Mutex // protects res
+		res    = Result{PerKey: map[string]Count{}}
+		wg     sync.WaitGroup
+		left   atomic.Int64 // operations of cfg.Total not yet taken
+		flying = newInFlight(cfg.Goroutines)
 	)
 	left.Store(int64(cfg.Total))
 	start := time.Now()
-	for range cfg.Goroutines {
+	for g := range cfg.Goroutines {
 		wg.Go(func() {
 			var (
 				local   = Result{PerKey: map[string]Count{}}
@@ -155,9 +178,9 @@ func Local(ctx context.Context, cfg Config, op Op) Result {
 				if cfg.Spread {
 					key = cfg.Keys[rand.IntN(len(cfg.Keys))]
 				}
-				began := time.Now()
+				began := flying.begin(g, key)
 				err := op(ctx, key)
-				took := time.Since(began)
+				took := flying.end(g, began)
 				var c Count
 				switch {
 				case err == nil:
@@ -188,7 +211,9 @@ func Local(ctx context.Context, cfg Config, op Op) Result {
 			}
 		})
 	}
-	wg.Wait()
+	if stalled := flying.watch(&wg, cfg.Stall); stalled != "" {
+		return Result{Stalled: stalled, Elapsed: time.Since(start)}
+	}
 	res.Elapsed = time.Since(start)
 	sortLatencies(&res)
 	return res

@@ -3,6 +3,8 @@ package harness_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -133,4 +135,40 @@ func TestSpreadAndRounds(t *testing.T) {
 		func(context.Context, string) error { return nil })
 	require.Positive(t, res.Successes)
 	require.Zero(t, res.Errors, "operations cut short by the run's own deadline are not failures")
+}
+
+// A run whose operations stop returning (a guard that lost a caller) stops
+// waiting after Stall and says which calls were stuck, in one process and
+// across processes, instead of hanging until go test's timeout.
+func TestStalledRunIsReported(t *testing.T) {
+	stuck := make(chan struct{})
+	t.Cleanup(func() { close(stuck) }) // let the stuck calls go, for goleak
+	op := func(ctx context.Context, key string) error {
+		if key == "b" {
+			<-stuck // never returns while the run watches
+		}
+		return nil
+	}
+	began := time.Now()
+	res := harness.Local(t.Context(), harness.Config{Goroutines: 4, Ops: 3, Keys: []string{"a", "b"}, Stall: 300 * time.Millisecond}, op)
+	require.Contains(t, res.Stalled, "4 calls still in flight (by key: map[b:4])")
+	require.Less(t, time.Since(began), 5*time.Second)
+}
+
+// A worker process whose run stalls reports it, and the parent fails the
+// test with its report: run as a child test that must fail.
+func TestStalledWorkerFailsTheTest(t *testing.T) {
+	if os.Getenv("HARNESS_STALL_CHILD") == "1" {
+		harness.Run(t, harness.Config{Processes: 2, Goroutines: 2, Ops: 2, Stall: 300 * time.Millisecond},
+			func() harness.Params { return nil },
+			func(t testing.TB, _ harness.Params) harness.Op {
+				return func(ctx context.Context, _ string) error { select {} }
+			})
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStalledWorkerFailsTheTest$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "HARNESS_STALL_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err, "the stalled run passed:\n%s", out)
+	require.Contains(t, string(out), "harness: worker 0: no operation returned for 300ms: 2 calls still in flight")
 }

@@ -26,6 +26,18 @@ const childEnv = "CONTEND_HARNESS_CHILD"
 // process starts at once rather than in the order they happened to boot.
 const readyLine = "contend-harness: ready"
 
+// reportedLine is what a worker prints once its result is written; from then
+// on it only has to clean up and exit, which the parent gives exitBound.
+const reportedLine = "contend-harness: reported"
+
+// readyBound bounds a worker's start: building its operation connects to the
+// servers and makes a guard, which takes a loaded machine seconds.
+const readyBound = time.Minute
+
+// exitBound bounds a worker's clean-up after it reported: closing its guard
+// and pools.
+const exitBound = 30 * time.Second
+
 type orders struct {
 	Test   string            `json:"test"`
 	Config Config            `json:"config"`
@@ -63,7 +75,11 @@ func Run(t *testing.T, cfg Config, setup func() Params, newOp func(t testing.TB,
 	}
 	params := setup()
 	if cfg.Processes <= 1 {
-		return Local(t.Context(), cfg, newOp(t, params))
+		res := Local(t.Context(), cfg, newOp(t, params))
+		if res.Stalled != "" {
+			t.Fatalf("harness: %s", res.Stalled)
+		}
+		return res
 	}
 	return runParent(t, cfg, params)
 }
@@ -82,6 +98,12 @@ func runChild(t *testing.T, o orders, newOp func(testing.TB, Params) Op) {
 	if err := os.WriteFile(o.Result, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	fmt.Fprintln(os.Stdout, reportedLine)
+	if res.Stalled != "" {
+		// The stuck calls may hold what the clean-up would wait for; the
+		// parent has the report, and fails the test with it.
+		os.Exit(3)
+	}
 }
 
 // runName builds a -test.run pattern that matches the test called name and
@@ -95,13 +117,14 @@ func runName(name string) string {
 }
 
 type child struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	ready  chan error
-	output strings.Builder // guarded by mu
-	mu     sync.Mutex
-	result string
-	done   chan struct{} // closed once stdout is drained
+	cmd      *exec.Cmd
+	stdin    io.WriteCloser
+	ready    chan error
+	reported chan struct{}   // closed once the result is written
+	output   strings.Builder // guarded by mu
+	mu       sync.Mutex
+	result   string
+	done     chan struct{} // closed once stdout is drained
 }
 
 func (c *child) log() string {
@@ -145,12 +168,16 @@ func runParent(t *testing.T, cfg Config, params Params) Result {
 			_ = c.cmd.Wait()
 		}()
 	}
+	readyBy := time.NewTimer(readyBound)
+	defer readyBy.Stop()
 	for i, c := range children {
 		select {
 		case err := <-c.ready:
 			if err != nil {
 				t.Fatalf("harness: worker %d did not get ready: %v\n%s", i, err, c.log())
 			}
+		case <-readyBy.C:
+			t.Fatalf("harness: worker %d did not get ready within %v: building its operation hangs\n%s", i, readyBound, c.log())
 		case <-ctx.Done():
 			t.Fatalf("harness: worker %d did not get ready in time\n%s", i, c.log())
 		}
@@ -162,17 +189,31 @@ func runParent(t *testing.T, cfg Config, params Params) Result {
 	}
 	var total Result
 	for i, c := range children {
-		<-c.done
-		if err := c.cmd.Wait(); err != nil {
-			t.Fatalf("harness: worker %d: %v\n%s", i, err, c.log())
+		// A worker bounds its own run (Config.Stall); once it reported, its
+		// clean-up is bounded here.
+		select {
+		case <-c.reported:
+		case <-c.done:
 		}
+		select {
+		case <-c.done:
+		case <-time.After(exitBound):
+			t.Fatalf("harness: worker %d reported but did not exit within %v: its clean-up (closing the guard, the pools) hangs\n%s", i, exitBound, c.log())
+		}
+		werr := c.cmd.Wait()
 		data, err := os.ReadFile(c.result)
 		if err != nil {
-			t.Fatalf("harness: worker %d left no result: %v\n%s", i, err, c.log())
+			t.Fatalf("harness: worker %d left no result (%v): %v\n%s", i, werr, err, c.log())
 		}
 		var r Result
 		if err := json.Unmarshal(data, &r); err != nil {
 			t.Fatalf("harness: worker %d: %v", i, err)
+		}
+		if r.Stalled != "" {
+			t.Fatalf("harness: worker %d: %s\n%s", i, r.Stalled, c.log())
+		}
+		if werr != nil {
+			t.Fatalf("harness: worker %d: %v\n%s", i, werr, c.log())
 		}
 		total.merge(r)
 	}
@@ -196,7 +237,7 @@ func startChild(ctx context.Context, test string, o orders) (*child, error) {
 		return nil, err
 	}
 	cmd.Stderr = cmd.Stdout
-	c := &child{cmd: cmd, stdin: stdin, ready: make(chan error, 1), result: o.Result, done: make(chan struct{})}
+	c := &child{cmd: cmd, stdin: stdin, ready: make(chan error, 1), reported: make(chan struct{}), result: o.Result, done: make(chan struct{})}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -209,6 +250,10 @@ func startChild(ctx context.Context, test string, o orders) (*child, error) {
 			if !announced && line == readyLine {
 				announced = true
 				c.ready <- nil
+				continue
+			}
+			if line == reportedLine {
+				close(c.reported)
 				continue
 			}
 			c.mu.Lock()

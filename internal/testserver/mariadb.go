@@ -114,6 +114,31 @@ func DropDatabase(ctx context.Context, serverURL, name string) error {
 	return err
 }
 
+// killSessions ends the MariaDB sessions that use database name; its errors
+// are of no interest, the drop that follows reports what stays.
+func killSessions(ctx context.Context, serverURL, name string) {
+	db, err := openMariaDB(serverURL)
+	if err != nil {
+		return
+	}
+	defer db.Close()
+	var ids []int64
+	rows, err := db.QueryContext(ctx, `SELECT ID FROM information_schema.PROCESSLIST WHERE DB = ? AND ID <> CONNECTION_ID()`, name)
+	if err != nil {
+		return
+	}
+	for rows.Next() {
+		var id int64
+		if rows.Scan(&id) == nil {
+			ids = append(ids, id)
+		}
+	}
+	rows.Close()
+	for _, id := range ids {
+		_, _ = db.ExecContext(ctx, fmt.Sprintf("KILL %d", id))
+	}
+}
+
 // MariaDB creates a database of t's own on the MariaDB server and returns a
 // mysql:// URL whose connections use it; the database is dropped when t
 // ends. It fails t when no server answers.
@@ -129,8 +154,14 @@ func MariaDB(t testing.TB) string {
 		t.Fatalf("%v (server %s)", err, server)
 	}
 	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(ctx, dropTimeout)
+		defer cancel()
+		if t.Failed() {
+			// As for a PostgreSQL schema: a call left behind may hold a lock.
+			killSessions(ctx, server, name)
+		}
 		if err := DropDatabase(ctx, server, name); err != nil {
-			t.Errorf("testserver: drop database %s: %v", name, err)
+			t.Errorf("testserver: drop database %s: %v (a session of the test still holds a lock in it: a call was left behind)", name, err)
 		}
 	})
 	return u

@@ -218,11 +218,36 @@ func Postgres(t testing.TB) string {
 		t.Fatalf("%v (server %s)", err, server)
 	}
 	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(ctx, dropTimeout)
+		defer cancel()
+		if t.Failed() {
+			// A failed test may have left a call behind that still holds a
+			// lock in the schema, and the DROP would wait for it forever.
+			terminate(ctx, server, schema)
+		}
 		if err := DropSchema(ctx, server, schema); err != nil {
-			t.Errorf("testserver: drop schema %s: %v", schema, err)
+			t.Errorf("testserver: drop schema %s: %v (a session of the test still holds a lock in it: a call was left behind)", schema, err)
 		}
 	})
 	return u
+}
+
+// dropTimeout bounds the drop of a test's schema or database: a session
+// left behind holding a lock makes it wait, and the test then fails with a
+// named error instead of hanging.
+const dropTimeout = 30 * time.Second
+
+// terminate ends the PostgreSQL sessions that hold a lock in schema; its
+// errors are of no interest, the drop that follows reports what stays.
+func terminate(ctx context.Context, serverURL, schema string) {
+	db, err := sql.Open("pgx", serverURL)
+	if err != nil {
+		return
+	}
+	defer db.Close()
+	_, _ = db.ExecContext(ctx, `SELECT pg_terminate_backend(l.pid) FROM pg_locks l
+		JOIN pg_class c ON c.oid = l.relation JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND l.pid <> pg_backend_pid()`, schema)
 }
 
 // MaxConns caps the connections of each pool [Open] makes. The local server

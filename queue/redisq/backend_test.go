@@ -26,6 +26,7 @@ var onBoth = []struct {
 	{"batch_poison_dead_lettered", testBatchPoison},
 	{"duplicate_answer", testDuplicateAnswer},
 	{"keys_left", testKeysLeft},
+	{"dead_letters", testDeadLetters},
 }
 
 func TestOneNode(t *testing.T) {

@@ -39,16 +39,21 @@
 // the lease's validity passes, on a timer of its own, before Redis lets
 // another instance take the partition; it starts no further job and
 // acknowledges nothing after it. A handler that does not heed its ctx may
-// still be running when the next owner redelivers its job: the fencing
-// token ([Fence]) lets the database refuse its late write. Lost replies and
-// reset connections cost nothing but duplicates: go-redis sends a command
-// again when it did not hear the reply, and each step is safe to run twice
-// (a re-sent XADD adds the job twice, and it runs twice; a re-sent answer is
-// ignored by its submitter). One reply is not: the answer that Submit's
-// listener pops from its list, if that reply is lost, is gone with it, and
-// its submitter hears nothing until its ctx ends, although the job ran; and
-// go-redis waits the block time plus 10s for a blocking read's reply before
-// the listener reads again.
+// still be running when the next owner redelivers its job: the fencing token
+// ([Fence]) lets the database refuse its late write. A read it sent while
+// its lease was valid may still reach Redis after the next owner has started
+// (its process stalled, or that one connection was held up), and take
+// waiting jobs as if they were its own: the owner sees them pending on its
+// next read and delivers them, in order, before the jobs after them, and
+// never trims a job still pending. Lost replies and reset connections cost
+// nothing but duplicates: go-redis sends a command again when it did not
+// hear the reply, and each step is safe to run twice (a re-sent XADD adds
+// the job twice, and it runs twice; a re-sent answer is ignored by its
+// submitter). One reply is not: the answer that Submit's listener pops from
+// its list, if that reply is lost, is gone with it, and its submitter hears
+// nothing until its ctx ends, although the job ran; and go-redis waits the
+// block time plus 10s for a blocking read's reply before the listener reads
+// again.
 //
 // Jobs live in Redis, as durable as Redis is: a restart without persistence,
 // or a failover to a replica that had not received them, loses the jobs not
@@ -70,9 +75,12 @@
 //   - Inside that group, one consumer per instance that held the partition:
 //     deleted when the instance gives the partition up with nothing
 //     pending, else by the next owner once it has claimed its entries.
-//   - Prefix + "{p}:dead", partition p's dead letters: kept for people to
-//     look at, so it does not expire either; [Config.DeadLetterLimit] bounds
-//     it, dropping the oldest.
+//   - Prefix + "{p}:dead", partition p's dead letters, an entry each with
+//     the fields key, payload, id (the job's entry in the partition's
+//     stream), attempts and error: kept for people to work through
+//     ([Queue.DeadLetters] lists them, [Queue.RequeueDeadLetters] and
+//     [Queue.DeleteDeadLetters] take them out), so it does not expire
+//     either; [Config.DeadLetterLimit] bounds it, dropping the oldest.
 //   - Prefix + "replies:" + an instance's name, the answers to its
 //     submitters: it expires [Config.ReplyTTL] after the last answer.
 //   - Prefix + "instances", the instances' heartbeats: it expires three
@@ -136,9 +144,9 @@ type Config struct {
 	MaxBatch int
 	// Retry bounds the deliveries of a failing job, counted by the stream
 	// across owners (see the package doc), and the wait between them; after
-	// the last it goes to the partition's dead-letter stream. A failed
-	// batch is delivered again whole while each of its jobs has more than
-	// one delivery left, then its jobs run alone, so only the job that
+	// the last it goes to the partition's dead letters ([DeadLetter]). A
+	// failed batch is delivered again whole while each of its jobs has more
+	// than one delivery left, then its jobs run alone, so only the job that
 	// keeps failing is dead-lettered (after Retry's deliveries, or one more
 	// when MaxAttempts is 1): a batch of n jobs that keeps failing costs at
 	// most MaxAttempts−1+n handler calls and MaxAttempts−1 waits, as
@@ -188,6 +196,28 @@ const poll = 200 * time.Millisecond
 
 const group = "workers"
 
+// longestBlock is how long a read may wait in Redis for entries: poll, or
+// less when client gives up on a pipeline's replies sooner. The read is
+// pipelined, and go-redis waits for a pipeline's replies only its
+// ReadTimeout, not the block time plus ten seconds it allows a blocking
+// command sent alone.
+func longestBlock(client redis.UniversalClient) time.Duration {
+	var timeout time.Duration // > 0: the client's ReadTimeout
+	switch c := client.(type) {
+	case *redis.Client:
+		timeout = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		timeout = c.Options().ReadTimeout
+	case *redis.Ring:
+		timeout = c.Options().ReadTimeout
+	}
+	if timeout <= 0 {
+		return poll
+	}
+	// Redis counts a block in whole milliseconds, and 0 blocks for ever.
+	return max(min(poll, timeout/2).Truncate(time.Millisecond), time.Millisecond)
+}
+
 func (c Config) validate(needHandler bool) (Config, error) {
 	switch {
 	case c.Redis == nil:
@@ -224,7 +254,8 @@ func (c Config) validate(needHandler bool) (Config, error) {
 type Queue struct {
 	cfg      Config
 	locks    *distlock.Client
-	consumer string // this instance's name in the consumer group
+	consumer string        // this instance's name in the consumer group
+	block    time.Duration // the longest a read waits in Redis for entries
 
 	mu      sync.Mutex // protects the fields below
 	running bool
@@ -254,7 +285,8 @@ func New(cfg Config) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("redisq: %w", err)
 	}
-	return &Queue{cfg: cfg, locks: locks, consumer: token.New(), ran: make(chan struct{}), listenDone: make(chan struct{}),
+	return &Queue{cfg: cfg, locks: locks, consumer: token.New(), block: longestBlock(cfg.Redis),
+		ran: make(chan struct{}), listenDone: make(chan struct{}),
 		owned: make([]chan struct{}, cfg.Partitions), counters: make([]queuecore.Counters, cfg.Partitions)}, nil
 }
 
@@ -263,9 +295,6 @@ var _ queue.Backend = (*Queue)(nil)
 // stream is partition p's stream; the hash tag keeps it and its dead letters
 // on one Cluster slot.
 func (q *Queue) stream(p int) string { return q.cfg.Prefix + "{" + strconv.Itoa(p) + "}" }
-
-// DeadLetters is the name of partition p's dead-letter stream.
-func (q *Queue) DeadLetters(p int) string { return q.stream(p) + ":dead" }
 
 // Partition returns key's partition: the same FNV-1a 64 mapping as package
 // queue.
@@ -396,10 +425,14 @@ func encodeAnswer(r queue.Result) string {
 
 func decodeAnswer(s string) ([]byte, error) {
 	if strings.HasPrefix(s, "e") {
-		return nil, fmt.Errorf("%w: %s", ErrRemote, s[1:])
+		return nil, remote(s[1:])
 	}
 	return []byte(strings.TrimPrefix(s, "v")), nil
 }
+
+// remote is the error a handler on another instance failed with, from its
+// message.
+func remote(msg string) error { return fmt.Errorf("%w: %s", ErrRemote, msg) }
 
 type fenceKey struct{}
 
@@ -606,30 +639,14 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 	}
 	// First the entries an earlier owner read and never acknowledged, in
 	// order: they come before anything new of their keys.
-	for cursor := "0-0"; on(); {
-		msgs, next, err := q.cfg.Redis.XAutoClaim(hctx, &redis.XAutoClaimArgs{
-			Stream: stream, Group: group, Consumer: q.consumer, Start: cursor, Count: int64(q.cfg.MaxBatch),
-		}).Result()
-		if err != nil {
-			return
-		}
-		ds, err := q.claimed(hctx, stream, msgs)
-		if err != nil || !q.process(hctx, p, ds, on) {
-			return
-		}
-		if next == "0-0" {
-			break
-		}
-		cursor = next
-	}
-	if q.pruneConsumers(hctx, stream) != nil {
+	if !q.reclaim(hctx, p, stream, on) {
 		return
 	}
 	for on() {
 		// A read that blocks in Redis past the lease could take entries
 		// after the next owner has started, out of its order: it ends
 		// while the lease is still valid.
-		block := min(poll, time.Until(l.ValidUntil()))
+		block := min(q.block, time.Until(l.ValidUntil()))
 		if block < time.Millisecond {
 			// The lease ends now, unless a refresh moves it: wait for the
 			// one or the other without spinning.
@@ -639,24 +656,84 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 			}
 			continue
 		}
-		res, err := q.cfg.Redis.XReadGroup(hctx, &redis.XReadGroupArgs{
-			Group: group, Consumer: q.consumer, Streams: []string{stream, ">"},
-			Count: int64(q.cfg.MaxBatch), Block: block,
-		}).Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		if err != nil {
+		ds, stale, err := q.read(hctx, stream, block)
+		switch {
+		case err != nil:
 			return
-		}
-		ds := make([]delivery, len(res[0].Messages))
-		for i, m := range res[0].Messages {
-			ds[i] = delivery{m, toJob(m, 1)} // a new entry's first delivery
-		}
-		if !q.process(hctx, p, ds, on) {
+		case stale:
+			// The batch just read is among them: reclaim delivers it
+			// too, in its place.
+			if !q.reclaim(hctx, p, stream, on) {
+				return
+			}
+		case !q.process(hctx, p, ds, on):
 			return
 		}
 	}
+}
+
+// read takes up to MaxBatch entries no consumer has had yet, waiting up to
+// block for the first, and reports stale when the group holds pending
+// entries besides them. Between two batches an owner has nothing pending,
+// so those are entries another read took after this owner's last reclaim:
+// an earlier owner's, sent while its lease was valid and reaching Redis
+// late (a process stalled, a connection held up), or this owner's own,
+// whose reply was lost and which go-redis sent again. Nobody else would
+// deliver them, they may be older than the batch, and the trim after the
+// batch would delete them: the owner must reclaim them, the batch with
+// them, in order. The count is asked in the read's round trip, after the
+// read on its connection, so that no read between the two goes unseen.
+func (q *Queue) read(ctx context.Context, stream string, block time.Duration) (ds []delivery, stale bool, err error) {
+	pipe := q.cfg.Redis.Pipeline()
+	read := pipe.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: group, Consumer: q.consumer, Streams: []string{stream, ">"},
+		Count: int64(q.cfg.MaxBatch), Block: block,
+	})
+	pending := pipe.XPending(ctx, stream, group)
+	_, _ = pipe.Exec(ctx) // each command's error is read below
+	res, err := read.Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, false, err
+	}
+	summary, err := pending.Result()
+	if err != nil {
+		return nil, false, err
+	}
+	var msgs []redis.XMessage
+	if len(res) > 0 {
+		msgs = res[0].Messages
+	}
+	if summary.Count != int64(len(msgs)) {
+		return nil, true, nil
+	}
+	ds = make([]delivery, len(msgs))
+	for i, m := range msgs {
+		ds[i] = delivery{m, toJob(m, 1)} // a new entry's first delivery
+	}
+	return ds, false, nil
+}
+
+// reclaim claims every entry pending in stream's group, whichever consumer
+// read it, handles them in order, and then deletes the consumers left with
+// nothing pending. It reports false as process does.
+func (q *Queue) reclaim(ctx context.Context, p int, stream string, on func() bool) bool {
+	for cursor := "0-0"; on(); {
+		msgs, next, err := q.cfg.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+			Stream: stream, Group: group, Consumer: q.consumer, Start: cursor, Count: int64(q.cfg.MaxBatch),
+		}).Result()
+		if err != nil {
+			return false
+		}
+		ds, err := q.claimed(ctx, stream, msgs)
+		if err != nil || !q.process(ctx, p, ds, on) {
+			return false
+		}
+		if next == "0-0" {
+			return q.pruneConsumers(ctx, stream) == nil
+		}
+		cursor = next
+	}
+	return false
 }
 
 // dropConsumer deletes consumer ARGV[2] of group ARGV[1] of stream KEYS[1]
@@ -851,24 +928,24 @@ func (q *Queue) report(ctx context.Context, kind contend.EventKind, job queue.Jo
 }
 
 // finish dead-letters (on err), answers and acknowledges ds, in that order
-// and in steps of their own: a Cluster runs a transaction on one slot only,
-// and a reply list is on a slot of its own. In this order a submitter told
+// and in steps of their own: a reply list is on a slot of its own. In this order a submitter told
 // its job was dead-lettered finds it in the dead-letter stream, and a crash
 // or a failure between two steps makes the next owner run the jobs again,
 // which dead-letters or answers them twice (the submitter takes the first
 // answer); it never loses a job, nor acknowledges one whose answer was not
 // written.
 func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queue.Result, err error) bool {
-	ids := make([]string, len(ds))
+	args := make([]any, 1, 1+len(ds)) // ack's: the group, then the ids
+	args[0] = group
 	dead := q.cfg.Redis.Pipeline()
 	replies := q.cfg.Redis.Pipeline()
 	for i, d := range ds {
-		ids[i] = d.msg.ID
+		args = append(args, d.msg.ID)
 		r := queue.Result{Err: err}
 		if err == nil {
 			r = results[i]
 		} else {
-			dead.XAdd(ctx, &redis.XAddArgs{Stream: q.DeadLetters(p), MaxLen: q.cfg.DeadLetterLimit, Approx: true, Values: []any{
+			dead.XAdd(ctx, &redis.XAddArgs{Stream: q.deadLetters(p), MaxLen: q.cfg.DeadLetterLimit, Approx: true, Values: []any{
 				"key", d.job.Key, "payload", d.job.Payload, "id", d.msg.ID,
 				"attempts", d.job.Attempt, "error", err.Error(),
 			}})
@@ -879,14 +956,7 @@ func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queu
 			replies.PExpire(ctx, reply, q.cfg.ReplyTTL)
 		}
 	}
-	stream := q.stream(p)
-	ack := q.cfg.Redis.TxPipeline()
-	ack.XAck(ctx, stream, group, ids...)
-	// Trim below the lowest unacknowledged entry, never by length: one
-	// owner handles the partition in order, so everything up to the last
-	// acknowledged id is done.
-	ack.XTrimMinID(ctx, stream, ids[len(ids)-1])
-	for _, step := range []redis.Pipeliner{dead, replies, ack} {
+	for _, step := range []redis.Pipeliner{dead, replies} {
 		if step.Len() == 0 {
 			continue
 		}
@@ -894,8 +964,32 @@ func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queu
 			return false
 		}
 	}
-	return true
+	return ack.Run(ctx, q.cfg.Redis, []string{q.stream(p)}, args...).Err() == nil
 }
+
+// ack acknowledges entries ARGV[2], ARGV[3], ... of group ARGV[1] of stream
+// KEYS[1], and trims the stream below the last of them, never by length:
+// one owner handles the partition in order, so every entry below it is
+// done; unless an entry older than it is still pending, which is not done
+// (a read that reached Redis late took it, and the owner reclaims it), and
+// the trim stops below that one. Running it twice changes nothing more.
+var ack = redis.NewScript(`
+local n = #ARGV
+for i = 2, n, 1000 do -- unpack has a limit
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, i, math.min(i + 999, n)))
+end
+local bound = ARGV[n]
+local oldest = redis.call('XPENDING', KEYS[1], ARGV[1])[2]
+if oldest then
+  local oms, oseq = string.match(oldest, '^(%d+)-(%d+)$')
+  local bms, bseq = string.match(bound, '^(%d+)-(%d+)$')
+  oms, oseq, bms, bseq = tonumber(oms), tonumber(oseq), tonumber(bms), tonumber(bseq)
+  if oms < bms or (oms == bms and oseq < bseq) then
+    bound = oldest
+  end
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', bound)
+`)
 
 func toJob(m redis.XMessage, attempt int) queue.Job {
 	key, _ := m.Values["key"].(string)

@@ -97,9 +97,10 @@ func testSubmit(t *testing.T, client redis.UniversalClient, prefix string) {
 	_, err = producer.Submit(ctx, "sku-1", []byte("fail"))
 	require.ErrorIs(t, err, redisq.ErrRemote)
 	require.ErrorContains(t, err, "no such thing")
-	n, err := client.XLen(t.Context(), producer.DeadLetters(producer.Partition("sku-1"))).Result()
+	dead, err := producer.DeadLetters(ctx, producer.Partition("sku-1"), "", 0)
 	require.NoError(t, err)
-	require.EqualValues(t, 1, n, "the failed job is in the dead-letter stream")
+	require.Len(t, dead, 1, "the failed job is a dead letter")
+	require.Equal(t, "fail", string(dead[0].Job.Payload))
 
 	got, err = producer.Submit(ctx, "sku-1", []byte("after"))
 	require.NoError(t, err, "the key moves on after a dead letter")
@@ -345,4 +346,46 @@ func TestCloseReturnsByDeadline(t *testing.T) {
 	require.Less(t, took, time.Second, "Close waited past its ctx's deadline")
 	require.NoError(t, <-ran)
 	require.NoError(t, q.Close(t.Context()))
+}
+
+// An owner's trim after an acknowledgement stops below an older entry that
+// another consumer still has pending (a read that reached Redis late took
+// it, and the owner has yet to reclaim it), and deletes the done entries
+// below it.
+func TestTrimKeepsPending(t *testing.T) {
+	t.Parallel()
+	client, prefix := testserver.Redis(t)
+	q := instance(t, client, prefix, redisq.Config{Partitions: 1})
+	for i := range 5 {
+		require.NoError(t, q.Enqueue(t.Context(), "k", []byte(strconv.Itoa(i))))
+	}
+	stream := prefix + "{0}"
+	require.NoError(t, client.XGroupCreateMkStream(t.Context(), stream, "workers", "0").Err())
+	readBy := func(consumer string, n int64) []string {
+		res, err := client.XReadGroup(t.Context(), &redis.XReadGroupArgs{
+			Group: "workers", Consumer: consumer, Streams: []string{stream, ">"}, Count: n,
+		}).Result()
+		require.NoError(t, err)
+		var ids []string
+		for _, m := range res[0].Messages {
+			ids = append(ids, m.ID)
+		}
+		return ids
+	}
+	done := readBy("owner", 1)  // handled and acknowledged before
+	late := readBy("late", 2)   // taken by a late read
+	batch := readBy("owner", 2) // the batch the owner acknowledges now
+	require.NoError(t, q.Acknowledge(t.Context(), 0, done...))
+	require.NoError(t, q.Acknowledge(t.Context(), 0, batch...))
+
+	left, err := client.XRange(t.Context(), stream, "-", "+").Result()
+	require.NoError(t, err)
+	var ids []string
+	for _, m := range left {
+		ids = append(ids, m.ID)
+	}
+	require.Equal(t, append(late, batch...), ids, "the trim deleted an entry still pending, or kept a done one")
+	pending, err := client.XPending(t.Context(), stream, "workers").Result()
+	require.NoError(t, err)
+	require.Equal(t, map[string]int64{"late": 2}, pending.Consumers)
 }

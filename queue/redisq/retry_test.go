@@ -121,13 +121,13 @@ func testBatchPoison(t *testing.T, client redis.UniversalClient, prefix string) 
 	require.Equal(t, []int{1, 2, 3}, deliveries["later"], "alone from the start")
 	mu.Unlock()
 
-	dead, err := client.XRange(t.Context(), producer.DeadLetters(0), "-", "+").Result()
+	dead, err := producer.DeadLetters(t.Context(), 0, "", 0)
 	require.NoError(t, err)
 	require.Len(t, dead, 2, "only the poison jobs are dead-lettered")
 	for i, payload := range []string{"1", "later"} {
-		require.Equal(t, payload, dead[i].Values["payload"])
-		require.Equal(t, "3", dead[i].Values["attempts"])
-		require.Equal(t, errPoison.Error(), dead[i].Values["error"])
+		require.Equal(t, queue.Job{Key: "poison", Payload: []byte(payload), Attempt: 3}, dead[i].Job)
+		require.ErrorIs(t, dead[i].Err, redisq.ErrRemote)
+		require.ErrorContains(t, dead[i].Err, errPoison.Error())
 	}
 
 	require.Equal(t, []int{3, 3}, seen.of(contend.EventDeadLettered, "poison"))
@@ -214,10 +214,10 @@ func TestAttemptsSurviveOwnerChange(t *testing.T) {
 	sb, err := b.Stats(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, queue.PartitionStats{Redeliveries: 3, DeadLetters: 1}, sb.PartitionStats)
-	dead, err := client.XRange(t.Context(), b.DeadLetters(0), "-", "+").Result()
+	dead, err := b.DeadLetters(t.Context(), 0, "", 0)
 	require.NoError(t, err)
 	require.Len(t, dead, 1)
-	require.Equal(t, "5", dead[0].Values["attempts"])
+	require.Equal(t, 5, dead[0].Job.Attempt)
 }
 
 // Depth is read from Redis, the same for every instance: entries never
