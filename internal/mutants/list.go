@@ -301,7 +301,7 @@ var mutants = []mutant{
 	{
 		Name:   "redisq/dead-letter",
 		File:   "queue/redisq/redisq.go",
-		Old:    "dead.XAdd(ctx, &redis.XAddArgs{Stream: q.DeadLetters(p),",
+		Old:    "dead.XAdd(ctx, &redis.XAddArgs{Stream: q.deadLetters(p),",
 		New:    `dead.XAdd(ctx, &redis.XAddArgs{Stream: q.stream(p) + ":lost",`,
 		Pkg:    "./queue/redisq",
 		Run:    "TestOneNode/(submit|batch_poison_dead_lettered)$",
