@@ -15,6 +15,7 @@ import (
 	"github.com/contend/contend/internal/guardtest"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/waitfor"
 	"github.com/contend/contend/optimistic"
 )
 
@@ -180,13 +181,14 @@ func TestGuardLostRace(t *testing.T) {
 			// check, with nothing to wait for: the first caller holds no
 			// lock. A bound ends the test if it waits anyway, for the first
 			// caller, which waits for the test.
-			second, cancel := context.WithTimeout(ctx, raceBound)
-			defer cancel()
 			ran := false
-			err := g.Do(second, "a", func(ctx context.Context) error {
-				ran = true
-				return withdraw(db, "a", 10)(ctx)
-			})
+			err := waitfor.Call(t, raceBound, "lost_race: the second caller never returned: the optimistic guard made it wait for the first, and ignored ctx",
+				func(ctx context.Context) error {
+					return g.Do(ctx, "a", func(ctx context.Context) error {
+						ran = true
+						return withdraw(db, "a", 10)(ctx)
+					})
+				})
 			require.NotErrorIs(t, err, context.DeadlineExceeded,
 				"lost_race: the second caller never returned: the optimistic guard made it wait for the first")
 			require.NoError(t, err, "an optimistic guard does not keep a second caller out")
@@ -194,11 +196,8 @@ func TestGuardLostRace(t *testing.T) {
 			require.Equal(t, account{ID: "a", Owner: "ann", Balance: 90, Version: 1}, rowOf(t, db, "a"))
 
 			close(leave)
-			select {
-			case err = <-holderErr:
-			case <-time.After(time.Duration(budget) * raceBound):
-				t.Fatal("lost_race: the first caller never returned after the second committed: its version check waits, or it retries without end")
-			}
+			err = waitfor.Recv(t, holderErr, time.Duration(budget)*raceBound,
+				"lost_race: the first caller never returned after the second committed: its version check waits, or it retries without end")
 			if budget == 1 {
 				require.ErrorIs(t, err, contend.ErrConflict)
 				require.ErrorContains(t, err, `"a"`, "the conflict names its key")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/waitfor"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -56,11 +57,7 @@ const lateTimer = time.Second
 // with msg if h is still not lost lateTimer after it.
 func awaitLost(t *testing.T, h *keepalive.Hold, valid time.Time, msg string) {
 	t.Helper()
-	select {
-	case <-h.Context().Done():
-	case <-time.After(time.Until(valid) + lateTimer):
-		t.Fatalf("%s: still not lost %v after the lease's validity", msg, lateTimer)
-	}
+	waitfor.Recv(t, h.Context().Done(), time.Until(valid)+lateTimer, msg)
 }
 
 func TestRefreshesWhileHeld(t *testing.T) {
@@ -110,11 +107,7 @@ func TestStopsWithTheCaller(t *testing.T) {
 	h := timers.Start(ctx, time.Now(), time.Hour, func(context.Context) (bool, error) { return true, nil })
 	cancel()
 	// The work's ctx is the caller's child: it ends with it, at once.
-	select {
-	case <-h.Context().Done():
-	case <-time.After(lateTimer):
-		t.Fatal("the caller gave up, and the work's ctx went on")
-	}
+	waitfor.Recv(t, h.Context().Done(), lateTimer, "the caller gave up, and the work's ctx went on")
 	require.NoError(t, h.Stop(), "the caller giving up is not a lost lease")
 }
 
