@@ -40,6 +40,15 @@ var mutants = []mutant{
 		Breaks: "UpdateN applies only when exactly n rows were affected",
 	},
 	{
+		Name:   "atomic/update-select-rows",
+		File:   "atomic/update.go",
+		Old:    "if n != 1 {\n\t\t\treturn errNotApplied",
+		New:    "if n < 0 {\n\t\t\treturn errNotApplied",
+		Pkg:    "./atomic",
+		Run:    "TestUpdateSelectReadsItsOwnWrite",
+		Breaks: "UpdateSelect reads back only after its UPDATE applied, and reports a lost race as applied=false",
+	},
+	{
 		Name:   "atomic/claim-release-token",
 		File:   "atomic/claim.go",
 		Old:    "releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)",
@@ -103,6 +112,15 @@ var mutants = []mutant{
 		Pkg:    "./pessimistic",
 		Run:    "TestSellUnderContentionNoWait|TestLockerIsAGuard/nowait",
 		Breaks: "NoWait answers a held row with ErrConflict at once, never a wait",
+	},
+	{
+		Name:   "pessimistic/claim-skip-locked",
+		File:   "pessimistic/locker.go",
+		Old:    "ORDER BY %s LIMIT $1 %s SKIP LOCKED`",
+		New:    "ORDER BY %s LIMIT $1 %s`",
+		Pkg:    "./pessimistic",
+		Run:    "^TestClaim$",
+		Breaks: "Claim skips rows other workers hold, never waits for them",
 	},
 	{
 		Name:   "pessimistic/deadlock-retry",
