@@ -265,6 +265,15 @@ var mutants = []mutant{
 		Breaks: "each new holder gets a larger fencing token than every holder before",
 	},
 	{
+		Name:   "distlock/fence-on-hand-over",
+		File:   "distlock/lua/pass.lua",
+		Old:    "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\nreturn next_fence()",
+		New:    "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\nreturn fence()",
+		Pkg:    "./distlock",
+		Run:    "TestWaitersAreServedInOrder$|TestClientsTakeTurns",
+		Breaks: "a lock handed over to a waiter of the same process carries a larger fencing token too",
+	},
+	{
 		Name:   "distlock/fifo-redis",
 		File:   "distlock/lua/queue.lua",
 		Old:    "redis.call('RPUSH', KEYS[3], t)",
