@@ -12,6 +12,7 @@ require (
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.47.0
+	pgregory.net/rapid v1.3.0
 )
 
 require (

@@ -44,6 +44,14 @@ type Config struct {
 	// transaction the Guard owns, as optimistic.Config.FinishTimeout does.
 	// Default: 5s.
 	FinishTimeout time.Duration
+	// NoLocalQueue turns off the queue in front of the locked path's row
+	// lock, as pessimistic.Config.NoLocalQueue does for a Locker: with it
+	// on (the default), the locked calls of one Guard for the same key
+	// queue in this process, holding nothing, and only the one holding
+	// the lock and the next hold a connection. Turn it off when turns on
+	// a hot key should go to processes in proportion to their callers.
+	// Default: false, on.
+	NoLocalQueue bool
 	// Observer, when set, hears both paths: optimistic calls report as
 	// package optimistic's guard does (strategy "optimistic"); locked calls
 	// report, as strategy "adaptive", Obtained when they hold the lock,

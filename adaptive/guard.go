@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/keyline"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/txn"
@@ -38,6 +39,7 @@ type Guard struct {
 	opts     txn.Options // of the locked path's transactions
 	observer contend.Observer
 	stats    *table
+	line     *keyline.Lines // of the locked path; nil under NoLocalQueue
 
 	lockSQL    string // key; locks key's row by moving its version
 	table, key string // quoted, for tests that change lockSQL
@@ -83,7 +85,12 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adaptive: %w", err)
 	}
+	var line *keyline.Lines
+	if !cfg.NoLocalQueue {
+		line = keyline.New(keyline.Depth)
+	}
 	return &Guard{
+		line:     line,
 		db:       d,
 		opt:      opt,
 		opts:     txn.Options{Tx: d.Dialect().GuardTx(sql.LevelDefault), Retry: cfg.Retry, FinishTimeout: cfg.FinishTimeout},
@@ -189,6 +196,29 @@ const waitFactor = 2
 
 func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	began := time.Now()
+	if g.line != nil {
+		h, err := txn.Resolve(ctx, g.db)
+		if err != nil {
+			return fmt.Errorf("adaptive: do %q: %w", key, err)
+		}
+		// Only a transaction of the guard's own waits in the line: a
+		// joined one may already hold the key, and must not wait behind
+		// itself.
+		if h.Owned() {
+			if err := g.line.Enter(ctx, key); err != nil {
+				err = classify(ctx, key, err)
+				if !g.pinned {
+					g.stats.record(key, 1, 1) // waited until ctx ended
+				}
+				if g.observer != nil {
+					g.report(ctx, key, 0, began, time.Time{}, 0, err)
+				}
+				return err
+			}
+			// Held across the retries: a deadlock's rerun keeps its turn.
+			defer g.line.Exit(key)
+		}
+	}
 	var (
 		locked   time.Time // when the last attempt got the lock; zero if none did
 		lockTook time.Duration
@@ -198,6 +228,9 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		attempts++
 		locked = time.Time{}
 		start := time.Now()
+		if attempts == 1 {
+			start = began // a wait in the line is a wait for the lock
+		}
 		n, err := txn.WatchExec(ctx, tx, g.lockSQL, []any{key})
 		if err == nil && n == 0 {
 			err = sql.ErrNoRows

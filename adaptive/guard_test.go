@@ -13,6 +13,7 @@ import (
 	"github.com/contend/contend/adaptive"
 	"github.com/contend/contend/internal/guardtest"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/workload"
 )
 
 func TestMain(m *testing.M) { testserver.Main(m) }
@@ -180,4 +181,19 @@ func TestNewGuardRefusesBadConfig(t *testing.T) {
 	}
 	_, err := adaptive.NewGuard(nil, adaptive.Config{Table: "t"})
 	require.ErrorIs(t, err, contend.ErrInvalid)
+}
+
+// TestLockedQueueLeavesThePoolToOtherKeys: the locked path's waiters for a
+// hot row queue in the process, so that a call on a cold key still gets a
+// connection of a small pool; without the queue (the negative control) it
+// times out waiting for one (workload.HotWaiters).
+func TestLockedQueueLeavesThePoolToOtherKeys(t *testing.T) {
+	workload.HotWaiters(t, func(t *testing.T, db *sqlx.DB) {
+		_, err := db.Exec(`ALTER TABLE products ADD COLUMN version bigint NOT NULL DEFAULT 0`)
+		require.NoError(t, err)
+	}, func(t *testing.T, pool *sqlx.DB, queued bool) contend.Guard {
+		g := newGuard(t, pool, adaptive.Config{Table: "products", NoLocalQueue: !queued})
+		g.Pin(adaptive.Pessimistic)
+		return g
+	})
 }

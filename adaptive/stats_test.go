@@ -1,7 +1,6 @@
 package adaptive
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -48,34 +47,6 @@ func TestTableHysteresis(t *testing.T) {
 	}
 	require.Equal(t, Optimistic, tb.mode("k"))
 	require.Greater(t, n, DefaultWindow/2, "one quiet call is not a cool key")
-}
-
-// The table holds Keys slots whatever the keys; a key whose slot another
-// took starts over, optimistic.
-func TestTableIsBounded(t *testing.T) {
-	t.Parallel()
-	tb := testTable(t, 5)
-	require.Len(t, tb.slots, 8, "rounded up to a power of two")
-	for i := range 10_000 {
-		tb.record(fmt.Sprint("k", i), 1, 1)
-	}
-	require.Len(t, tb.slots, 8)
-
-	for range 100 {
-		tb.record("hot", 1, 1)
-	}
-	require.Equal(t, Pessimistic, tb.mode("hot"))
-	// Find a key that shares hot's slot and let it take it.
-	h := tb.hash("hot")
-	other := ""
-	for i := 0; other == ""; i++ {
-		if k := fmt.Sprint("other", i); tb.hash(k)&tb.mask == h&tb.mask {
-			other = k
-		}
-	}
-	tb.record(other, 1, 0)
-	require.Equal(t, Optimistic, tb.mode("hot"), "an evicted key starts over")
-	require.Equal(t, Optimistic, tb.mode(other))
 }
 
 func TestModeString(t *testing.T) {

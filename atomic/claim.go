@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/sqlident"
 	"github.com/contend/contend/internal/token"
 	"github.com/contend/contend/internal/txn"
@@ -35,10 +37,12 @@ type ClaimConfig struct {
 	LeaseColumn string
 	// Lease is how long a claim holds when LeaseColumn is set; [Claimer.Do]
 	// extends it every Lease/3 while fn runs. The deadline is computed by the
-	// database's clock, so instances' clocks need not agree. Default: 30s.
+	// database's clock as the claim's statement runs (also inside a long
+	// transaction), so instances' clocks need not agree. Default: 30s.
 	Lease time.Duration
-	// FinishTimeout bounds the release [Claimer.Do] makes after fn, which
-	// it makes even when ctx has ended. When the bound passes without an
+	// FinishTimeout bounds the release [Claimer.Do] makes after fn, and the
+	// one of a claim whose outcome is unknown (see [Claimer.Claim]), which
+	// they make even when ctx has ended. When the bound passes without an
 	// answer (a network gone silent), Do returns an error matching
 	// [context.DeadlineExceeded] and the claim may still be held: until its
 	// lease passes, or, without a lease column, until cleared. Default: 5s.
@@ -55,8 +59,9 @@ type ClaimConfig struct {
 	//     over or cleared (Err matches [contend.ErrLockLost]);
 	//   - GaveUp when ctx ends a claim's statement;
 	//   - Failed when a statement errs, or the key has no row.
-	// It runs on the caller's goroutine, or on the one extending Do's lease,
-	// and must not block. Default: nil, no events, at no cost.
+	// It runs on the caller's goroutine, on the one extending Do's lease,
+	// or on the one releasing a claim whose outcome was unknown, and must
+	// not block. Default: nil, no events, at no cost.
 	Observer contend.Observer
 }
 
@@ -102,6 +107,10 @@ type Claimer struct {
 
 	observer contend.Observer // nil: report nothing
 	tracked  claims           // of Claim and ClaimAs, when observed
+
+	// unsure counts the releases of claims whose outcome is unknown, each
+	// on a goroutine of its own, within finish; Close waits for them.
+	unsure sync.WaitGroup
 }
 
 var _ contend.Guard = (*Claimer)(nil)
@@ -156,7 +165,8 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 	// Plain UPDATEs under READ COMMITTED are enough: of two concurrent claims,
 	// the second waits for the first's row lock and then re-checks its WHERE
 	// against the committed row, where the owner is no longer NULL.
-	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s IS NULL`, table, owner, key, owner)
+	free := owner + ` IS NULL`
+	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s`, table, owner, key, free)
 	releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)
 	var extendSQL string
 	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, observer: cfg.Observer}
@@ -166,33 +176,44 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 			return nil, err
 		}
 		c.lease = cfg.Lease
-		deadline := `now() + $3::bigint * interval '1 microsecond'`
-		claimSQL = fmt.Sprintf(`UPDATE %s SET %s = $2, %s = %s WHERE %s = $1 AND (%s IS NULL OR %s < now())`,
-			table, owner, lease, deadline, key, owner, lease)
+		// clock_timestamp(), not now(): now() is the start of the
+		// transaction, and a claim or an extension made in a caller's
+		// transaction older than the lease would commit a lease already
+		// passed, which another instance could take at once.
+		deadline := `clock_timestamp() + $3::bigint * interval '1 microsecond'`
+		free = fmt.Sprintf(`(%s IS NULL OR %s < clock_timestamp())`, owner, lease)
+		claimSQL = fmt.Sprintf(`UPDATE %s SET %s = $2, %s = %s WHERE %s = $1 AND %s`,
+			table, owner, lease, deadline, key, free)
 		releaseSQL = fmt.Sprintf(`UPDATE %s SET %s = NULL, %s = NULL WHERE %s = $1 AND %s = $2`,
 			table, owner, lease, key, owner)
 		// An expired claim is not extended even if nobody took it yet: its
 		// holder was told it was lost (or will be), so reviving it would let
 		// two parties believe they hold the key.
-		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= now()`,
+		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= clock_timestamp()`,
 			table, lease, deadline, key, owner, lease)
 	}
-	// One round trip tells a win, a lost race and a missing row apart, in
-	// the count of rows the statement reports, as the bare UPDATE reports
-	// its own: the UPDATE in the WITH runs to completion whatever the outer
-	// query reads; the outer query sees the row as the statement began, and
-	// gives no row after a claim, one after a lost race, and two when the
-	// row is missing. A hot key's losers would otherwise pay a second query
-	// each; and the answer is a count, of rows without columns, not values
-	// to scan, and none for a win, so the driver's cost is the bare
-	// UPDATE's.
+	// One round trip tells a win and a lost race apart, in the count of
+	// rows the statement reports, as the bare UPDATE reports its own: the
+	// UPDATE in the WITH runs to completion whatever the outer query reads;
+	// the outer query sees the row as the statement began, and gives no row
+	// after a claim, one when the row was held then, and two when it was
+	// not there or free. A row free then and not claimed was taken, or
+	// deleted, while the UPDATE waited for its lock: only a statement of
+	// its own sees which (probedClaim). A hot key's losers would otherwise
+	// pay a second query each; and the answer is a count, of rows without
+	// columns, not values to scan, and none for a win, so the driver's cost
+	// is the bare UPDATE's.
 	claimSQL = fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT FROM (VALUES (1), (2)) AS outcome (n) `+
-		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1))`,
-		claimSQL, table, key)
+		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1 AND %s IS NOT TRUE))`,
+		claimSQL, table, key, free)
+	existsSQL := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`, table, key)
 
-	if err := c.prepare(ctx, cfg.Table, []statement{{&c.claim, claimSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}}); err != nil {
+	var claim, exists sqldb.Stmt
+	if err := c.prepare(ctx, cfg.Table, []statement{{&claim, claimSQL}, {&exists, existsSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}}); err != nil {
+		closeAll(claim, exists)
 		return nil, err
 	}
+	c.claim = probedClaim{claim: claim, exists: exists, won: 0, unsure: 2}
 	return c, nil
 }
 
@@ -218,8 +239,11 @@ func (c *Claimer) prepare(ctx context.Context, table string, stmts []statement) 
 	return nil
 }
 
-// Close releases the prepared statements. The Claimer must not be used after.
+// Close waits for the releases of claims whose outcome was unknown (see
+// [Claimer.Claim]), each at most [ClaimConfig.FinishTimeout], then releases
+// the prepared statements. The Claimer must not be used after.
 func (c *Claimer) Close() error {
+	c.unsure.Wait()
 	var errs []error
 	for _, s := range []sqldb.Stmt{c.claim, c.release, c.extend} {
 		if s != nil {
@@ -234,6 +258,18 @@ func (c *Claimer) Close() error {
 // token is known before the work begins, so the work can carry it). It returns
 // an error matching [contend.ErrConflict] when key is already claimed and
 // [contend.ErrNotFound] when key has no row.
+//
+// When Claim cannot tell whether its claim was made (ctx ended, or the
+// connection broke, after the statement was sent: the server may have
+// applied it and the answer been lost), it returns an error that says so,
+// and releases its token itself, in the background, within
+// [ClaimConfig.FinishTimeout] (Close waits for it): a release clears only
+// the claim of that token, so it is safe whether or not the claim was made.
+// Only if that release fails too, or the claim's statement reaches the
+// server after it (a network that delayed it rather than lost it), may the
+// key stay claimed: until the lease passes, or without a lease column until
+// cleared. In a transaction the
+// claim is the transaction's, and ends with it instead.
 func (c *Claimer) Claim(ctx context.Context, key string) (token string, err error) {
 	t := newToken()
 	if err := c.ClaimAs(ctx, key, t); err != nil {
@@ -268,8 +304,14 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 
 // claimRow makes the claim of ClaimAs, reporting nothing.
 func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
+	if err := ctxerr.Of(ctx); err != nil {
+		// Nothing sent, so nothing to release.
+		return fmt.Errorf("atomic: claim %q: %w", key, err)
+	}
 	n, err := c.run(ctx, c.claim, key, token, c.lease > 0)
 	switch {
+	case err != nil && c.mayHaveClaimed(ctx, err):
+		return c.releaseUnknown(ctx, key, token, err)
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	case n == 0:
@@ -278,6 +320,42 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
 	}
 	return &heldError{key}
+}
+
+// mayHaveClaimed reports whether a claim statement that failed with err
+// may have been applied all the same, and committed: it ran outside any
+// transaction, and the error is not the server's answer (nor a refusal
+// before anything was sent).
+func (c *Claimer) mayHaveClaimed(ctx context.Context, err error) bool {
+	if sqlerr.FromServer(err) || errors.Is(err, contend.ErrInvalid) {
+		return false
+	}
+	tx, terr := c.tx(ctx)
+	return tx == nil && terr == nil && !c.onTx
+}
+
+// releaseUnknown releases the claim of key with token, which may or may
+// not have been made (the claim failed with err), on a goroutine that Close
+// waits for, and returns the error the claim reports. The release runs at
+// once: the caller has given up, and a claim made unheard would otherwise
+// hold key for nobody.
+func (c *Claimer) releaseUnknown(ctx context.Context, key, token string, err error) error {
+	c.unsure.Go(func() {
+		released, rerr := c.releaseAfter(ctx, key, token)
+		switch {
+		case c.observer == nil:
+		case rerr != nil:
+			c.reportFailed(ctx, key, rerr)
+		case released:
+			c.reportEnd(ctx, key, held{}, nil, nil, nil)
+		}
+	})
+	until := "until its owner column is cleared"
+	if c.lease > 0 {
+		until = "until its lease passes, at the latest " + time.Now().Add(c.lease).Format(time.RFC3339Nano)
+	}
+	return fmt.Errorf("atomic: claim %q: the outcome is unknown, so the claim, if made, is being released "+
+		"(within %v; should the release fail, or the claim land after it, the key may stay claimed %s): %w", key, c.finish, until, err)
 }
 
 // heldError is a claim's lost race: "atomic: claim <key>: <ErrConflict>",
@@ -356,7 +434,8 @@ func (c *Claimer) extendRow(ctx context.Context, key, token string) (extended bo
 // Do claims key, runs fn, and releases the claim, also when fn returns an error
 // or panics (the panic is re-raised after the release). It returns fn's error,
 // or an error matching [contend.ErrConflict] without running fn when key is
-// held. With a lease column the lease is extended while fn runs; if it is lost
+// held, or the claim's error without running fn when it was not made or
+// may not have been (then released as [Claimer.Claim] says). With a lease column the lease is extended while fn runs; if it is lost
 // (taken over after an extension failed, or cleared by hand), fn's ctx is
 // cancelled with cause [contend.ErrLockLost] and Do's error matches it too.
 //

@@ -15,8 +15,9 @@ import (
 // lease µs) through an order of its own. There is no UPDATE ... RETURNING
 // to tell a win, a lost race and a missing row apart in one round trip, so
 // a claim that matched no row asks whether the row exists (only losers pay
-// it). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
-// server's clock, whatever each session's time_zone.
+// it, in a statement of its own). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
+// server's clock, whatever each session's time_zone, read as each statement
+// begins (not as its transaction did, unlike PostgreSQL's now()).
 //
 // A plain UPDATE is enough under InnoDB's default REPEATABLE READ too: an
 // UPDATE reads the latest committed row, not the transaction's snapshot,
@@ -50,14 +51,10 @@ func newMySQLClaimer(ctx context.Context, d sqldb.DB, cfg ClaimConfig, table, ke
 
 	var update, exists, release, extend sqldb.Stmt
 	if err := c.prepare(ctx, cfg.Table, []statement{{&update, claimSQL}, {&exists, existsSQL}, {&release, releaseSQL}, {&extend, extendSQL}}); err != nil {
-		for _, s := range []sqldb.Stmt{update, exists, release, extend} {
-			if s != nil {
-				_ = s.Close()
-			}
-		}
+		closeAll(update, exists, release, extend)
 		return nil, err
 	}
-	c.claim = mysqlClaim{update: ordered{update, claimOrder}, exists: ordered{exists, []int{argKey}}}
+	c.claim = probedClaim{claim: ordered{update, claimOrder}, exists: exists, won: 1, unsure: 0}
 	c.release = release // key, token: the order the claimer passes them in
 	if extend != nil {
 		c.extend = ordered{extend, []int{argLease, argKey, argToken}}
@@ -96,23 +93,29 @@ func (s ordered) QueryRow(ctx context.Context, tx sqldb.Tx, args ...any) sqldb.R
 	return s.Stmt.QueryRow(ctx, tx, s.args(args)...)
 }
 
-// mysqlClaim answers a claim as PostgreSQL's statement does, in its count
-// (0: claimed, 1: held, 2: no row): the update, and when it matched
-// nothing, the existence check.
-type mysqlClaim struct {
-	update, exists ordered
+// probedClaim answers a claim in its count (0: claimed, 1: held, 2: no
+// row): claim's own count tells a win (won) and, on PostgreSQL, a row held
+// (any other count); exists asks whether the row is there when claim
+// cannot tell (unsure), in a statement of its own, which sees a row deleted
+// while the claim waited for its lock.
+type probedClaim struct {
+	claim       sqldb.Stmt
+	exists      sqldb.Stmt // takes the key, the first of the claimer's arguments
+	won, unsure int64      // claim's counts
 }
 
-func (s mysqlClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
-	n, err := s.update.Exec(ctx, tx, args...)
-	if err != nil {
+func (s probedClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
+	n, err := s.claim.Exec(ctx, tx, args...)
+	switch {
+	case err != nil:
 		return 0, err
-	}
-	if n == 1 {
+	case n == s.won:
 		return 0, nil
+	case n != s.unsure:
+		return 1, nil
 	}
 	var exists bool
-	if err := s.exists.QueryRow(ctx, tx, args...).Scan(&exists); err != nil {
+	if err := s.exists.QueryRow(ctx, tx, args[argKey:argKey+1]...).Scan(&exists); err != nil {
 		return 0, err
 	}
 	if exists {
@@ -121,11 +124,20 @@ func (s mysqlClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, 
 	return 2, nil
 }
 
-func (s mysqlClaim) QueryRow(context.Context, sqldb.Tx, ...any) sqldb.Row {
+func (s probedClaim) QueryRow(context.Context, sqldb.Tx, ...any) sqldb.Row {
 	return errRow{errors.New("atomic: a claim answers in its count: run it with Exec")}
 }
 
-func (s mysqlClaim) Close() error { return errors.Join(s.update.Close(), s.exists.Close()) }
+func (s probedClaim) Close() error { return errors.Join(s.claim.Close(), s.exists.Close()) }
+
+// closeAll closes the statements of stmts that were prepared.
+func closeAll(stmts ...sqldb.Stmt) {
+	for _, s := range stmts {
+		if s != nil {
+			_ = s.Close()
+		}
+	}
+}
 
 // errRow is a Row whose Scan reports err.
 type errRow struct{ err error }

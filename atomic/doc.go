@@ -28,12 +28,11 @@
 // statements join it, so a claim nested in a row lock's fn never waits for
 // a lock of its own goroutine. A call returns within ctx's deadline plus
 // 250ms for a statement ctx cut short (plus [ClaimConfig.FinishTimeout] for
-// the release [Claimer.Do] makes after fn), under both drivers, also when
+// the release [Claimer.Do] makes after fn, and 5s for the rollback of a
+// transaction [UpdateSelect] began), under both drivers, also when
 // the network goes silent; a statement given up on may still have been
-// applied. [UpdateReturning] is the exception: it scans into the caller's
-// variables, so it returns when the driver does (pgx at ctx's end; lib/pq
-// only once the server answers, or the kernel gives up on a silent
-// connection).
+// applied; [UpdateReturning] and [UpdateSelect] write nothing into the
+// caller's variables once they have returned.
 //
 // [ClaimConfig.Observer] hears, as a [contend.Event] of strategy "atomic",
 // every claim made (with how long it took) or found held, and the end of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqldb"
@@ -62,7 +63,7 @@ func UpdateReturning(ctx context.Context, db contend.DB, dest []any, query strin
 	if err != nil {
 		return false, fmt.Errorf("atomic: %w", err)
 	}
-	err = q.QueryRow(ctx, query, args...).Scan(dest...)
+	err = scan(ctx, q, dest, query, args)
 	if sqldb.NoRows(err) {
 		return false, nil
 	}
@@ -102,8 +103,7 @@ func UpdateSelect(ctx context.Context, db contend.DB, dest []any, update string,
 		if n != 1 {
 			return errNotApplied
 		}
-		row := tx.QueryRow(ctx, query, queryArgs...)
-		if err := row.Scan(dest...); err != nil {
+		if err := scan(ctx, tx, dest, query, queryArgs); err != nil {
 			if sqldb.NoRows(err) {
 				return fmt.Errorf("atomic: the query after the update found no row: %w", err)
 			}
@@ -116,6 +116,32 @@ func UpdateSelect(ctx context.Context, db contend.DB, dest []any, update string,
 		return false, nil
 	}
 	return applied && err == nil, err
+}
+
+// scan runs query and scans its first row into dest, watched (txn.Watch).
+// A watched call given up on goes on alone and may still scan, so it scans
+// into variables of its own, copied into dest only once it has answered:
+// nothing writes into the caller's variables after the call returned.
+func scan(ctx context.Context, q sqldb.Querier, dest []any, query string, args []any) error {
+	if !txn.NeedsWatch(ctx, q) {
+		return q.QueryRow(ctx, query, args...).Scan(dest...)
+	}
+	own := make([]any, len(dest))
+	for i, d := range dest {
+		own[i] = d // not a pointer to scan into: Scan says so
+		if v := reflect.ValueOf(d); v.Kind() == reflect.Pointer && !v.IsNil() {
+			own[i] = reflect.New(v.Type().Elem()).Interface()
+		}
+	}
+	if err := txn.Watch(ctx, q, func() error { return q.QueryRow(ctx, query, args...).Scan(own...) }); err != nil {
+		return err
+	}
+	for i, d := range dest {
+		if v := reflect.ValueOf(d); v.Kind() == reflect.Pointer && !v.IsNil() {
+			v.Elem().Set(reflect.ValueOf(own[i]).Elem())
+		}
+	}
+	return nil
 }
 
 // errNotApplied rolls back an UpdateSelect whose update did not apply.

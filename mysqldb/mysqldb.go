@@ -1,11 +1,11 @@
 // Package mysqldb lets the SQL strategies run on MySQL and MariaDB through
 // go-sql-driver/mysql. Open the pool as usual with clientFoundRows=true in
-// the DSN (or with [Open], which sets it), wrap it once, and pass the wrapped value where a strategy takes a
-// [contend.DB]:
+// the DSN (or with [Open], which sets it), wrap it, and pass the wrapped
+// value where a strategy takes a [contend.DB]:
 //
 //	db, err := sql.Open("mysql", "app@tcp(127.0.0.1:3306)/shop?clientFoundRows=true")
 //	...
-//	h := mysqldb.Wrap(db) // keep it: the first use checks the DSN
+//	h := mysqldb.Wrap(db) // no I/O: the first call that needs the server checks the DSN
 //	applied, err := atomic.Update(ctx, h,
 //		"UPDATE products SET stock = stock - 1 WHERE id = ? AND stock >= 1", "sku-1")
 //
@@ -23,10 +23,15 @@
 // matched: an update that writes what a row already holds reports 0, and an
 // affected-row check (atomic.Update) would take a win for a lost race.
 // The strategies need rows matched, which the driver reports with
-// clientFoundRows=true. The first use of a wrapped handle checks it (three
-// statements on a temporary table of the session's own, once per value Wrap
-// returned, bounded by 5s) and refuses a handle without it with an error
-// matching [contend.ErrInvalid]. So wrap once and keep the value.
+// clientFoundRows=true. The first call on a wrapped handle that needs the
+// server checks it (three statements on a temporary table of the session's
+// own, under that call's ctx, and 5s at most) and refuses a handle without
+// it with an error matching [contend.ErrInvalid]. A pool ([*sql.DB], sqlx's
+// DB) is checked once, however many times it is wrapped; a connection or a
+// transaction once per value Wrap returned. Calls that need the check while
+// another call makes it wait for it, each no longer than its own ctx. A
+// check that failed (a network error, a ctx that ended) is not remembered:
+// the next call checks again.
 //
 // # What runs, and what differs from PostgreSQL
 //
@@ -65,13 +70,17 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 	"github.com/contend/contend/internal/sqldb"
 )
 
@@ -80,8 +89,8 @@ import (
 var ErrAffectedRows = fmt.Errorf("mysqldb: the DSN must set clientFoundRows=true, or UPDATEs that write what "+
 	"a row already holds report 0 rows and a won race reads as lost: %w", contend.ErrInvalid)
 
-// checkTimeout bounds the check of clientFoundRows: Wrap's value has no
-// ctx to take a deadline from.
+// checkTimeout bounds the check of clientFoundRows, whatever the ctx of the
+// call that makes it.
 const checkTimeout = 5 * time.Second
 
 // Wrap returns h, a handle of go-sql-driver/mysql, as a [contend.DB] that
@@ -91,8 +100,10 @@ const checkTimeout = 5 * time.Second
 // run and never commit). A nil h, a pool of another driver, and a handle
 // whose DSN lacks clientFoundRows=true are refused by the strategies with
 // an error matching [contend.ErrInvalid]. Wrap does no I/O and never closes
-// h; the first use of its value checks clientFoundRows (see the package
-// doc). The value is safe for simultaneous use by multiple goroutines.
+// h; nor do the strategies' constructors that take its value, except where
+// they say so (atomic.NewClaimer prepares its statements): the first call
+// that needs the server checks clientFoundRows (see the package doc). The
+// value is safe for simultaneous use by multiple goroutines.
 func Wrap(h contend.DBTX) contend.DB {
 	if sqldb.IsNil(h) {
 		return invalid{fmt.Errorf("mysqldb: nil handle: %w", contend.ErrInvalid)}
@@ -105,7 +116,7 @@ func Wrap(h contend.DBTX) contend.DB {
 	if err != nil {
 		return invalid{err}
 	}
-	return &db{h: h, std: std}
+	return &db{std: &checked{DB: std, h: h, c: checkOf(h)}}
 }
 
 // invalid is what Wrap returns for a handle it cannot use.
@@ -113,45 +124,111 @@ type invalid struct{ err error }
 
 func (i invalid) ContendDB() (sqldb.DB, error) { return nil, i.err }
 
-type db struct {
-	h   contend.DBTX
-	std sqldb.DB // h, classified
+type db struct{ std *checked }
 
-	// checked is set once clientFoundRows is known to be set, and stays:
-	// every later call reads it without a lock.
-	checked atomic.Bool
-	mu      sync.Mutex // serializes the check, so that a pool is checked once
+// ContendDB returns the classified handle, which checks clientFoundRows at
+// its first call that needs the server.
+func (d *db) ContendDB() (sqldb.DB, error) { return d.std, nil }
+
+// checks holds the clientFoundRows check of every pool wrapped, so that a
+// pool wrapped many times is checked once. Its keys are weak: a pool the
+// program let go of is not kept alive by its check, and its entry goes with
+// it.
+var checks sync.Map // weak.Pointer[sql.DB] → *check
+
+// checkOf returns the check of h: its pool's when it is one, else a check
+// of its own.
+func checkOf(h contend.DBTX) *check {
+	var p *sql.DB
+	switch h := h.(type) {
+	case *sql.DB:
+		p = h
+	case *sqlx.DB:
+		p = h.DB
+	}
+	if p == nil {
+		return new(check)
+	}
+	k := weak.Make(p)
+	if c, ok := checks.Load(k); ok {
+		return c.(*check)
+	}
+	c, loaded := checks.LoadOrStore(k, new(check))
+	if !loaded {
+		runtime.AddCleanup(p, func(k weak.Pointer[sql.DB]) { checks.Delete(k) }, k)
+	}
+	return c.(*check)
 }
 
-// ContendDB returns the classified handle, checking clientFoundRows first
-// when no call has yet.
-func (d *db) ContendDB() (sqldb.DB, error) {
-	if err := d.check(); err != nil {
-		return nil, err
-	}
-	return d.std, nil
+// check is the clientFoundRows check of one pool or handle. The first call
+// that needs it makes it, under its own ctx; calls that come meanwhile wait
+// for that one, each no longer than its own ctx, and take its answer, or
+// make the check themselves when it failed for a reason that says nothing
+// of the DSN (the first call's ctx ended, the network failed).
+type check struct {
+	passed atomic.Bool // set once, when the check passed; read without mu
+
+	mu      sync.Mutex
+	running *checkRun // protected by mu; nil when no call makes the check
 }
 
-func (d *db) check() error {
-	if d.checked.Load() {
+// checkRun is one making of the check; err is set before done is closed.
+type checkRun struct {
+	done chan struct{}
+	err  error
+}
+
+// pass returns nil once the check passed, making it or waiting for it
+// first when it has not.
+func (c *check) pass(ctx context.Context, h contend.DBTX) error {
+	if c.passed.Load() {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.checked.Load() {
-		return nil
+	for {
+		c.mu.Lock()
+		if c.passed.Load() {
+			c.mu.Unlock()
+			return nil
+		}
+		r, mine := c.running, c.running == nil
+		if mine {
+			r = &checkRun{done: make(chan struct{})}
+			c.running = r
+		}
+		c.mu.Unlock()
+		if mine {
+			r.err = measure(ctx, h)
+			c.mu.Lock()
+			c.running = nil
+			c.passed.Store(r.err == nil)
+			c.mu.Unlock()
+			close(r.done)
+			return r.err
+		}
+		select {
+		case <-r.done:
+			if r.err == nil || errors.Is(r.err, ErrAffectedRows) {
+				return r.err
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("mysqldb: wait for the check of clientFoundRows: %w", ctxerr.Of(ctx))
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+}
+
+// measure checks clientFoundRows on h, within ctx and checkTimeout: a call
+// whose ctx has no deadline must not leave a check hanging on a silent
+// network, for every later call to wait behind.
+func measure(ctx context.Context, h contend.DBTX) error {
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
-	found, err := foundRows(ctx, d.h)
+	found, err := foundRows(ctx, h)
 	if err != nil {
-		// Not remembered: a network failure says nothing of the DSN.
 		return fmt.Errorf("mysqldb: check clientFoundRows: %w", err)
 	}
 	if !found {
 		return ErrAffectedRows
 	}
-	d.checked.Store(true)
 	return nil
 }
 

@@ -153,8 +153,9 @@ func mysqlNumber(err error) uint16 {
 	return n
 }
 
-// A handle whose DSN lacks clientFoundRows is refused at construction: a
-// win that changed nothing would read as a lost race.
+// A handle whose DSN lacks clientFoundRows is refused at its first call (the
+// constructors do no I/O): a win that changed nothing would read as a lost
+// race.
 func TestRefusesRowsChangedOnMariaDB(t *testing.T) {
 	t.Parallel()
 	cfg, err := testserver.MariaDBConfig(testserver.MariaDB(t))
@@ -164,9 +165,16 @@ func TestRefusesRowsChangedOnMariaDB(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { db.Close() })
 	h := mysqldb.Wrap(db)
-	_, err = optimistic.NewStore[account](h, accountsConfig)
+	s, err := optimistic.NewStore[account](h, accountsConfig)
+	require.NoError(t, err)
+	_, err = s.Get(t.Context(), "a")
 	require.ErrorIs(t, err, mysqldb.ErrAffectedRows)
-	_, err = optimistic.NewGuard(h, accountsConfig)
+	g, err := optimistic.NewGuard(h, accountsConfig)
+	require.NoError(t, err)
+	err = g.Do(t.Context(), "a", func(context.Context) error {
+		t.Error("fn ran on a handle that counts rows changed")
+		return nil
+	})
 	require.ErrorIs(t, err, mysqldb.ErrAffectedRows)
 }
 

@@ -86,7 +86,7 @@ func (a *Advisory) lockSession(ctx context.Context, key string, what func() stri
 	}
 	s := &session{conn: c, key: key, mode: a.r.mode, timeout: a.r.timeout}
 	defer func() { s.end(finishTimeout(a.r.opts), err) }()
-	return a.r.runOn(ctx, sqldb.Pinned(a.r.db, c), what, func() string { return key }, s.lock, func(ctx context.Context, tx contend.DBTX) error {
+	return a.r.runOn(ctx, sqldb.Pinned(a.r.db, c), "", what, func() string { return key }, s.lock, func(ctx context.Context, tx contend.DBTX) error {
 		defer s.fnReturned(finishTimeout(a.r.opts))
 		return fn(ctx, tx)
 	})

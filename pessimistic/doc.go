@@ -110,9 +110,13 @@
 //
 // # Limits
 //
-//   - Every waiter holds a database connection while it waits, and the
-//     holder keeps its own for fn's whole run. A hot row with many waiters
-//     can take the whole pool; size it, bound waits with ctx or
+//   - The holder keeps a database connection for fn's whole run, and a
+//     waiter at the server holds one while it waits. A Locker queues the
+//     waiters of one key in the process (see [Config.NoLocalQueue]), so
+//     that a hot row holds two of its pool's connections per process, not
+//     all of them; waiters of other processes, of LockMany, of Claim, of an
+//     [Advisory], and every waiter under a LockTimeout, wait at the server,
+//     each with its connection. Size the pool, bound waits with ctx or
 //     [Config.LockTimeout], or fail fast with [NoWait].
 //   - fn must use the transaction it is given, never the pool: a statement
 //     on the pool runs outside the transaction (committing even when the

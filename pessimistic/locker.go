@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/keyline"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlident"
 )
@@ -110,6 +111,25 @@ type Config struct {
 	// It runs on the caller's goroutine and must not block. Default: nil,
 	// no events, at no cost.
 	Observer contend.Observer
+	// NoLocalQueue turns off the queue a Locker keeps in front of each
+	// row lock. With it on (the default), the calls of [Locker.Lock] and
+	// [Locker.Do] of one Locker that want the same key queue in this
+	// process, in the order they came, holding nothing while they wait;
+	// only the first two go on to the server, the one holding the lock and
+	// the next, which waits there with a connection so that it gets the
+	// lock the moment the holder commits. So a hot key's waiters hold two
+	// pooled connections, not the whole pool, and calls on other keys go
+	// on. A call whose ctx ends in the queue leaves it at once, with the
+	// error a wait for the lock that ctx ended gives. The queue is used in
+	// Wait mode without a LockTimeout, on a transaction the locker begins
+	// itself: a nested call, which joins the transaction around it, never
+	// queues (it may be on a key that very transaction holds).
+	//
+	// Turn it off when turns on a hot key should go to processes in
+	// proportion to their callers: with the queue each process sends at
+	// most two calls of a key to the server, so a process with a few
+	// callers gets as many turns as one with many. Default: false, on.
+	NoLocalQueue bool
 	// ClaimWhere, when set, restricts the rows [Locker.Claim] takes, as a SQL
 	// condition on Table such as "status = 'pending'". It is pasted into the
 	// statement as written, so it must come from the program, never from
@@ -187,6 +207,9 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !cfg.NoLocalQueue && cfg.Mode == Wait && cfg.LockTimeout == 0 {
+		r.line = keyline.New(keyline.Depth)
+	}
 	if r.db.Dialect() == sqldb.MySQL {
 		return newMySQLLocker(r, cfg)
 	}
@@ -243,7 +266,7 @@ func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Conte
 		return fmt.Errorf("pessimistic: lock %q: nil fn: %w", key, contend.ErrInvalid)
 	}
 	what := func() string { return strconv.Quote(key) }
-	return l.r.run(ctx, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
+	return l.r.runOn(ctx, l.r.db, key, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		return l.lockRow(ctx, tx, key)
 	}, fn)
 }

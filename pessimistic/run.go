@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/keyline"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/txn"
@@ -60,6 +61,9 @@ type runner struct {
 	// timeout.
 	setTimeout string
 	observer   contend.Observer // nil: report nothing
+	// line queues the calls of one key in the process in front of the
+	// lock (Config.NoLocalQueue); nil when they go to the server at once.
+	line *keyline.Lines
 }
 
 func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry, observer contend.Observer) (runner, error) {
@@ -115,12 +119,14 @@ func (r *runner) lockTimeout() time.Duration {
 // in errors; it is called only when there is an error to report. key is
 // the Key of the events reported, made only when there is an Observer.
 func (r *runner) run(ctx context.Context, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
-	return r.runOn(ctx, r.db, what, key, lock, fn)
+	return r.runOn(ctx, r.db, "", what, key, lock, fn)
 }
 
 // runOn is run with its transactions on db instead of the runner's handle:
-// a connection the caller holds for the call (see [Advisory] on MySQL).
-func (r *runner) runOn(ctx context.Context, db sqldb.DB, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
+// a connection the caller holds for the call (see [Advisory] on MySQL). A
+// call with a queued key waits its turn in the runner's line first, when the
+// runner has one and the transaction is its own.
+func (r *runner) runOn(ctx context.Context, db sqldb.DB, queued string, what func() string, key func() string, lock func(context.Context, sqldb.Tx) error, fn func(context.Context, contend.DBTX) error) error {
 	h, err := txn.Resolve(ctx, db)
 	if err != nil {
 		return fmt.Errorf("pessimistic: lock %s: %w", what(), err)
@@ -128,6 +134,19 @@ func (r *runner) runOn(ctx context.Context, db sqldb.DB, what func() string, key
 	var rep *report
 	if r.observer != nil {
 		rep = &report{o: r.observer, key: key(), max: r.opts.Retry.Attempts(), began: time.Now()}
+	}
+	// Only a transaction of the runner's own waits in the line: a joined
+	// one may already hold the key, and must not wait behind itself.
+	if queued != "" && r.line != nil && h.Owned() {
+		if err := r.line.Enter(ctx, queued); err != nil {
+			err = r.classify(ctx, what, err)
+			if rep != nil {
+				rep.end(ctx, r.mode, err)
+			}
+			return err
+		}
+		// Held across the retries: a deadlock's rerun keeps its turn.
+		defer r.line.Exit(queued)
 	}
 	attempt := func(ctx context.Context, tx sqldb.Tx) error {
 		// Watched: a lock statement the network swallowed must not hold the

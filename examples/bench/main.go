@@ -13,9 +13,25 @@
 // counts, from more than one goroutine, under raw, pessimistic, the two
 // optimistic strategies and adaptive only.
 //
+// Three more are where the guards differ in a service: a decrement whose fn
+// waits 2 ms between its read and its write (a call to another service),
+// each process on a pool of 10 connections, from at least 8 workers, on
+// spread keys: "think"; "mixed", with 30% of the calls on one hot key and
+// the rest on the others (the report gives the hot key's ops/s and the cold
+// keys' p99 apart); and "shift-think", shift with the wait. They run raw
+// (the locked transaction written by hand), pessimistic, pessimistic-noqueue,
+// optimistic-guard, adaptive and naive.
+//
+// The hot key's decrement (8 workers each) and mixed (64 each) run again
+// from -across processes at once (3 by default), the several instances of a
+// service sharing one database: there the naive control loses updates, and
+// every strategy must still hold.
+//
 //	raw               the bare conditional UPDATE through database/sql: the floor
 //	atomic            atomic.Update / Claimer.Claim
 //	pessimistic       pessimistic.Locker.Do around a read-check-write
+//	pessimistic-noqueue  the same with Config.NoLocalQueue: every waiter
+//	                  for a held row holds a connection (think workloads only)
 //	optimistic        optimistic.Store.Update (version check, retry)
 //	optimistic-guard  optimistic.Guard.Do around the read-check-write
 //	adaptive          adaptive.Guard.Do around it: optimistic per key while
@@ -50,7 +66,7 @@
 // strategy does, except the naive control where it is expected to break
 // (more than one process).
 //
-//	go run ./examples/bench                  # the default grid, about 2 minutes on 2 cores
+//	go run ./examples/bench                  # the default grid, about 5 minutes on 2 cores
 //	go run ./examples/bench -quick           # the smoke run CI executes
 //	go run ./examples/bench -processes 3 -strategies atomic,naive
 //	go run ./examples/bench -rounds 3        # each cell's median of three passes over the grid
@@ -81,7 +97,7 @@ import (
 // Options is one run of the suite.
 type Options struct {
 	// Duration is how long each cell runs. Default: 800ms, so that the
-	// default grid takes about two minutes.
+	// default grid takes about five minutes.
 	Duration time.Duration
 	// Workers are the goroutine counts, per process. Default: 1, 8, 64.
 	Workers []int
@@ -95,6 +111,12 @@ type Options struct {
 	Workloads []string
 	// Processes is how many processes run each cell at once. Default: 1.
 	Processes int
+	// Across, when more than one (and Processes is 1), adds cells run from
+	// that many processes at once: the hot key's decrement, from 8
+	// workers each, and mixed, from 64, so that the naive control's lost
+	// updates show beside every strategy's invariant holding. Default: 0,
+	// none (the command's -across is 3).
+	Across int
 	// Rounds is how often the whole grid runs; each cell reports its
 	// median round by throughput. Default: 1.
 	Rounds int
@@ -167,6 +189,9 @@ func (o Options) validate() error {
 	if o.Processes < 0 {
 		errs = append(errs, fmt.Errorf("processes %d is negative", o.Processes))
 	}
+	if o.Across < 0 {
+		errs = append(errs, fmt.Errorf("across %d is negative", o.Across))
+	}
 	if o.Rounds < 0 {
 		errs = append(errs, fmt.Errorf("rounds %d is negative", o.Rounds))
 	}
@@ -205,6 +230,7 @@ func main() {
 	flag.BoolVar(&withMariaDB, "mariadb", false, "also run the strategies on MariaDB: "+strings.Join(mariadbStrategies, ","))
 	flag.StringVar(&wls, "workloads", strings.Join(allWorkloads, ","), "workloads to run")
 	flag.IntVar(&o.Processes, "processes", 1, "processes running each cell at once")
+	flag.IntVar(&o.Across, "across", 3, "processes of the multi-process cells (hot-key decrement, mixed); 0 for none")
 	flag.IntVar(&o.Rounds, "rounds", 1, "runs of the whole grid; each cell reports its median round")
 	flag.StringVar(&o.Out, "out", "examples/bench/out", `directory for results.md and the charts ("" for none)`)
 	flag.BoolVar(&quickRun, "quick", false, "a short smoke run (CI): tiny cells, reduced grid (overrides -duration, -workers, -keys), every invariant checked")

@@ -37,15 +37,22 @@ func TestQuickGrid(t *testing.T) {
 	rows, err := Run(t.Context(), o)
 	require.NoError(t, err)
 	// Every strategy of the run (the default ones, and a few on MariaDB)
-	// on the hot key and spread keys from 8 workers, but shift: its
-	// strategies on the spread keys only.
-	shift := 0
+	// but pessimistic-noqueue on the hot key and spread keys from 8
+	// workers, for decrement and claim; shift's strategies on the spread
+	// keys only, and the think workloads' too.
+	base, shift, think := 0, 0, 0
 	for _, s := range o.Strategies {
+		if s != "pessimistic-noqueue" {
+			base++
+		}
 		if slices.Contains(shiftStrategies, s) {
 			shift++
 		}
+		if slices.Contains(thinkStrategies, s) {
+			think++
+		}
 	}
-	require.Len(t, rows, (len(allWorkloads)-1)*2*len(o.Strategies)+shift)
+	require.Len(t, rows, 2*2*base+shift+3*think)
 	onMaria := map[string]int{} // library cells on MariaDB, by workload
 	for _, r := range rows {
 		// A MariaDB strategy is measured against the floor on its server.
@@ -140,6 +147,43 @@ func TestNaiveBreaksAcrossProcesses(t *testing.T) {
 		}
 		require.False(t, r.failed(), "%s: %s", r.name(), r.verdict())
 	}
+}
+
+// The cells a run adds from several processes, the hot key's decrement and
+// mixed: the naive control loses updates in both, and the strategy holds.
+func TestAcrossCells(t *testing.T) {
+	t.Parallel()
+	rows, err := Run(t.Context(), Options{
+		Duration:   800 * time.Millisecond,
+		Workers:    []int{8},
+		Keys:       []int{1},
+		Workloads:  []string{"decrement", "mixed"},
+		Strategies: []string{"pessimistic", "naive"},
+		Across:     3,
+	})
+	require.NoError(t, err)
+	// decrement on the hot key from one process, then both workloads
+	// from three; mixed runs on spread keys only, so not in this grid's
+	// one-process cells.
+	var across []string
+	for _, r := range rows {
+		if r.Processes == 3 {
+			across = append(across, r.Workload+"/"+r.Strategy)
+			if r.Strategy == "naive" {
+				require.NotEmpty(t, r.Violation, "%s held across processes: the check cannot see a break", r.name())
+				require.Contains(t, r.verdict(), "expected")
+			}
+		}
+		if r.Strategy != "naive" || r.Processes == 1 {
+			require.Empty(t, r.Violation, r.name())
+		}
+		require.False(t, r.failed(), "%s: %s", r.name(), r.verdict())
+	}
+	require.Len(t, rows, 2+4)
+	require.ElementsMatch(t, []string{"decrement/pessimistic", "decrement/naive", "mixed/pessimistic", "mixed/naive"}, across)
+	mixed := slices.IndexFunc(rows, func(r row) bool { return r.Workload == "mixed" && r.Strategy == "pessimistic" })
+	require.Positive(t, rows[mixed].HotThroughput)
+	require.Positive(t, rows[mixed].ColdP99)
 }
 
 // The invariant is checked against the table on the cell's server: on
@@ -260,7 +304,7 @@ func TestThroughputExcludesTheDrain(t *testing.T) {
 		return nil
 	}
 	var r row
-	r.fill(measure(t.Context(), harness.Config{Goroutines: goroutines, Duration: window}, op, nil))
+	r.fill(measure(t.Context(), harness.Config{Goroutines: goroutines, Duration: window}, op, nil, ""))
 	require.Equal(t, quick+goroutines, r.Successes, "the drained operations count as successes")
 	require.Equal(t, float64(quick)/window.Seconds(), r.Throughput, "only those that ended in the window count in ops/s")
 }
@@ -335,7 +379,7 @@ func TestMeasureShifts(t *testing.T) {
 	// loaded machine may pause the test anywhere in between, so each bound
 	// on the half is taken from the side that keeps it sure.
 	before := time.Now()
-	out := measure(t.Context(), cfg, op, shiftPicker(hot))
+	out := measure(t.Context(), cfg, op, shiftPicker(hot), "")
 	first := calls[0].at
 
 	perKey := map[string]int{}

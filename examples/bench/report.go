@@ -34,6 +34,10 @@ type row struct {
 	Throughput    float64
 	P50, P99, Max time.Duration
 	Retries       int64
+	// HotThroughput is the hot key's share of Throughput, and ColdP99 the
+	// other keys' p99 (mixed only).
+	HotThroughput float64
+	ColdP99       time.Duration
 	FirstError    string
 	// Violation says how the invariant broke; "" when it held.
 	Violation string
@@ -51,6 +55,12 @@ func (r *row) fill(o outcome) {
 		r.Max = o.Latencies[n-1]
 	}
 	r.Retries = o.Retries
+	if o.Window > 0 {
+		r.HotThroughput = float64(o.HotInWindow) / o.Window.Seconds()
+	}
+	if n := len(o.ColdLatencies); n > 0 {
+		r.ColdP99 = o.ColdLatencies[min(n-1, int(float64(n)*0.99))]
+	}
 	if len(o.FirstErrors) > 0 {
 		r.FirstError = o.FirstErrors[0]
 	}
@@ -153,13 +163,13 @@ func lostShare(r row) string {
 	return fmt.Sprintf("%.1f%%", pct)
 }
 
-var columns = []string{"workload", "keys", "workers", "strategy", "ops/s", "×raw", "ok", "lost", "lost %", "retries/ok", "p50 ms", "p99 ms", "max ms", "invariant"}
+var columns = []string{"workload", "keys", "workers", "procs", "strategy", "ops/s", "×raw", "ok", "lost", "lost %", "retries/ok", "p50 ms", "p99 ms", "max ms", "invariant"}
 
 func fields(rows []row, r row) []string {
 	if r.Skipped != "" {
-		return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), r.Strategy, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.verdict()}
+		return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), fmt.Sprint(r.Processes), r.Strategy, "-", "-", "-", "-", "-", "-", "-", "-", "-", r.verdict()}
 	}
-	return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), r.Strategy,
+	return []string{r.Workload, r.keyChoice(), fmt.Sprint(r.Workers), fmt.Sprint(r.Processes), r.Strategy,
 		fmt.Sprintf("%.0f", r.Throughput), vsRaw(rows, r), fmt.Sprint(r.Successes),
 		fmt.Sprint(r.Conflicts), lostShare(r), retries(r), ms(r.P50), ms(r.P99), ms(r.Max), r.verdict()}
 }
@@ -168,7 +178,8 @@ func writeTable(w io.Writer, rows []row) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(columns, "\t")+"\t")
 	for i, r := range rows {
-		if i > 0 && (r.Workload != rows[i-1].Workload || r.Keys != rows[i-1].Keys || r.Workers != rows[i-1].Workers) {
+		if i > 0 && (r.Workload != rows[i-1].Workload || r.Keys != rows[i-1].Keys ||
+			r.Workers != rows[i-1].Workers || r.Processes != rows[i-1].Processes) {
 			fmt.Fprintln(tw, strings.Repeat("\t", len(columns)))
 		}
 		fmt.Fprintln(tw, strings.Join(fields(rows, r), "\t")+"\t")
@@ -208,6 +219,10 @@ func writeReport(ctx context.Context, admins servers, o Options, rows []row, too
 		"so ok is at most the number of jobs and every later call loses: on the hot key nearly 100% lost is the workload, not a fault. " +
 		"shift is decrement on keys spread at random for the first half of the window and on one of them, hot, for the second; " +
 		"its ops/s is over the whole window. " +
+		fmt.Sprintf("think, mixed and shift-think are decrements whose fn waits %s between its read and its write (a stand-in for a call to another service), "+
+			"each process on a pool of %d connections: think on spread keys, mixed with %d%% of its calls on one hot key and the rest on the others, "+
+			"shift-think as shift; pessimistic-noqueue is the row lock with every waiter at the server, holding a connection, "+
+			"where pessimistic queues a key's waiters in the process. procs is the processes running the cell at once. ", thinkTime, thinkPool, mixedHot) +
 		"retries/ok: re-runs of an optimistic strategy (and the adaptive guard) after a lost race, per success. The invariant is checked against the table after every cell: " +
 		"decrement and shift — every sale shows in the stock, none below zero; claim — each job claimed by exactly one caller.\n\n")
 	b.WriteString(summary(rows))
@@ -219,7 +234,10 @@ func writeReport(ctx context.Context, admins servers, o Options, rows []row, too
 		fmt.Fprintf(&b, "## %s\n\n", wl)
 		chart := wl + ".svg"
 		for _, name := range []string{chart, wl + ".png"} {
-			if err := writeChart(filepath.Join(o.Out, name), wl, rows); err != nil {
+			// The chart is of the run's own process count; the cells from
+			// several processes are in the table.
+			base := slices.DeleteFunc(slices.Clone(rows), func(r row) bool { return r.Processes != o.Processes })
+			if err := writeChart(filepath.Join(o.Out, name), wl, base); err != nil {
 				return nil, fmt.Errorf("chart %s: %w", name, err)
 			}
 			files = append(files, filepath.Join(o.Out, name))
@@ -472,7 +490,11 @@ func summary(rows []row) string {
 	}
 	for _, r := range rows {
 		if strings.HasPrefix(r.Strategy, "atomic") && r.Keys == 1 && r.Skipped == "" {
-			fmt.Fprintf(&b, "- %s, hot key, %d worker(s): %s at %s× %s.\n", r.Workload, r.Workers, r.Strategy, vsRaw(rows, r), floor(r.Strategy))
+			procs := ""
+			if r.Processes > 1 {
+				procs = fmt.Sprintf(" × %d processes", r.Processes)
+			}
+			fmt.Fprintf(&b, "- %s, hot key, %d worker(s)%s: %s at %s× %s.\n", r.Workload, r.Workers, procs, r.Strategy, vsRaw(rows, r), floor(r.Strategy))
 		}
 	}
 	b.WriteString(lockSummary(rows))
@@ -521,8 +543,10 @@ func adaptiveSummary(rows []row) string {
 		}
 		where := fmt.Sprintf("- %s, %s, %d worker(s) × %d process(es)", r.Workload, keys, r.Workers, r.Processes)
 		switch {
-		case r.Workload == "shift":
+		case r.Workload == "shift" || r.Workload == "shift-think":
 			b.WriteString(shiftSummary(rows, r, where))
+		case r.Workload == "mixed":
+			b.WriteString(mixedSummary(rows, r, where))
 		case r.Workload != "decrement":
 		case r.Keys == 1:
 			if p, ok := sibling(rows, r, "pessimistic"+server); ok && p.Throughput > 0 {
@@ -546,7 +570,11 @@ func shiftSummary(rows []row, adaptive row, where string) string {
 	var totals []string
 	var best row
 	server := strings.TrimPrefix(adaptive.Strategy, "adaptive")
-	for _, s := range shiftStrategies {
+	strategies := shiftStrategies
+	if thinks(adaptive.Workload) {
+		strategies = thinkStrategies
+	}
+	for _, s := range strategies {
 		o, ok := sibling(rows, adaptive, s)
 		if !ok || onMariaDB(s) != onMariaDB(adaptive.Strategy) {
 			continue
@@ -563,6 +591,38 @@ func shiftSummary(rows []row, adaptive row, where string) string {
 			verdict = "does not beat both fixed guards"
 		}
 		line += fmt.Sprintf("; %s at %.2f× the better fixed guard (%s): it %s", adaptive.Strategy, adaptive.Throughput/best.Throughput, best.Strategy, verdict)
+	}
+	return line + ".\n"
+}
+
+// mixedSummary lists, for adaptive's mixed cell, every think strategy's
+// total throughput, the hot key's, and the cold keys' p99; it says how the
+// row lock's queue changes the cold keys' p99, and how adaptive compares with
+// the better fixed guard.
+func mixedSummary(rows []row, adaptive row, where string) string {
+	var each []string
+	var best row
+	server := strings.TrimPrefix(adaptive.Strategy, "adaptive")
+	for _, s := range thinkStrategies {
+		o, ok := sibling(rows, adaptive, s)
+		if !ok || onMariaDB(s) != onMariaDB(adaptive.Strategy) {
+			continue
+		}
+		each = append(each, fmt.Sprintf("%s %.0f (hot %.0f, cold p99 %s ms)", s, o.Throughput, o.HotThroughput, ms(o.ColdP99)))
+		if (s == "pessimistic"+server || s == "optimistic-guard"+server) && o.Throughput > best.Throughput {
+			best = o
+		}
+	}
+	line := fmt.Sprintf("%s, total ops/s: %s", where, strings.Join(each, ", "))
+	q, okq := sibling(rows, adaptive, "pessimistic"+server)
+	n, okn := sibling(rows, adaptive, "pessimistic-noqueue"+server)
+	if okq && okn && n.Throughput > 0 && n.ColdP99 > 0 {
+		line += fmt.Sprintf("; the queue in the process: %.2f× the total, %.2f× the cold p99", q.Throughput/n.Throughput,
+			float64(q.ColdP99)/float64(n.ColdP99))
+	}
+	if best.Throughput > 0 {
+		line += fmt.Sprintf("; %s at %.2f× the better fixed guard (%s), cold p99 %s against %s ms", adaptive.Strategy,
+			adaptive.Throughput/best.Throughput, best.Strategy, ms(adaptive.ColdP99), ms(best.ColdP99))
 	}
 	return line + ".\n"
 }

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -55,20 +56,74 @@ func (c cell) keyChoice() string {
 // keys into one hot key: with one key there is nothing to turn, and with one
 // worker nobody to contend with. It is there to set the adaptive guard
 // beside the guards it chooses between, so it runs shiftStrategies only.
+//
+// The think workloads are there to show what a waiter holds: they run their
+// strategies on spread keys (mixed makes one of them hot), from at least 8
+// workers, and only they run pessimistic-noqueue.
 func (c cell) inGrid() bool {
-	if c.Workload != "shift" {
-		return true
+	switch {
+	case thinks(c.Workload):
+		return c.Keys > 1 && c.Workers >= 8 && slices.Contains(thinkStrategies, c.Strategy)
+	case c.Strategy == "pessimistic-noqueue":
+		return false
+	case c.Workload == "shift":
+		return c.Keys > 1 && c.Workers > 1 && slices.Contains(shiftStrategies, c.Strategy)
 	}
-	return c.Keys > 1 && c.Workers > 1 && slices.Contains(shiftStrategies, c.Strategy)
+	return true
+}
+
+// acrossCells are the cells a run adds from processes processes at once,
+// the several instances of a service: the hot key's decrement from 8 workers
+// each, and mixed from 64 each, under those of strategies that run there.
+// There the naive control's process-local mutex is shown to lose updates.
+func acrossCells(strategies []string, processes int) []cell {
+	var cells []cell
+	for _, c := range []cell{{Workload: "decrement", Keys: 1, Workers: 8}, {Workload: "mixed", Keys: 1000, Workers: 64}} {
+		for _, s := range strategies {
+			c.Strategy, c.Processes = s, processes
+			if c.inGrid() && s != "queue" {
+				cells = append(cells, c)
+			}
+		}
+	}
+	return cells
 }
 
 // picker is c's choice of each operation's key in place of the harness's,
 // nil to keep the harness's.
 func (c cell) picker() picker {
-	if c.Workload == "shift" {
+	switch c.Workload {
+	case "shift", "shift-think":
 		return shiftPicker(c.keys()[0])
+	case "mixed":
+		return mixedPicker(c.keys())
 	}
 	return nil
+}
+
+// hot is the key whose operations a cell counts apart (mixed's hot key),
+// or "".
+func (c cell) hot() string {
+	if c.Workload == "mixed" {
+		return c.keys()[0]
+	}
+	return ""
+}
+
+// mixedHot is the share, in percent, of mixed's operations on its hot key.
+const mixedHot = 30
+
+// mixedPicker is the mixed workload's choice: keys[0], hot, for mixedHot
+// percent of the operations, and one of the others, cold, picked at random,
+// for the rest.
+func mixedPicker(keys []string) picker {
+	cold := keys[1:]
+	return func(string, time.Duration, time.Duration) string {
+		if rand.IntN(100) < mixedHot {
+			return keys[0]
+		}
+		return cold[rand.IntN(len(cold))]
+	}
 }
 
 // A picker chooses the key of an operation that starts at elapsed into a
@@ -103,6 +158,9 @@ func (c cell) keys() []string {
 // programs, other engineers' tests), and past a few connections per core more
 // only adds waiting inside the server.
 func (c cell) poolSize() int {
+	if thinks(c.Workload) {
+		return thinkPool
+	}
 	return max(2, min(c.Workers, 16/max(c.Processes, 1)))
 }
 
@@ -117,6 +175,11 @@ type outcome struct {
 	InWindow int64 `json:"in_window"`
 	// Window is the timed window: the cell's duration.
 	Window time.Duration `json:"window"`
+	// HotInWindow counts the operations of InWindow on the cell's hot key
+	// (mixed only), and ColdLatencies are the latencies of the others,
+	// sorted.
+	HotInWindow   int64           `json:"hot_in_window"`
+	ColdLatencies []time.Duration `json:"cold_latencies"`
 }
 
 // Run runs o's grid and returns one row per cell, writing the table to
@@ -135,6 +198,13 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 						cells = append(cells, c)
 					}
 				}
+			}
+		}
+	}
+	if o.Across > 1 && o.Processes <= 1 {
+		for _, c := range acrossCells(o.Strategies, o.Across) {
+			if slices.Contains(o.Workloads, c.Workload) {
+				cells = append(cells, c)
 			}
 		}
 	}
@@ -333,7 +403,7 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 			return outcome{}, err
 		}
 	}
-	out := measure(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, op, c.picker())
+	out := measure(ctx, harness.Config{Goroutines: c.Workers, Duration: d, Keys: keys, Spread: len(keys) > 1}, op, c.picker(), c.hot())
 	if out.Stalled != "" {
 		return outcome{}, fmt.Errorf("%s/%s: %s", c.Workload, c.Strategy, out.Stalled)
 	}
@@ -365,17 +435,20 @@ func openPool(ctx context.Context, url string, size int) (*pgxpool.Pool, error) 
 
 // measure runs op under cfg for cfg.Duration and counts, besides the
 // harness's totals, the operations that ended inside that window. pick, when
-// set, chooses each operation's key in place of the harness.
+// set, chooses each operation's key in place of the harness. hot, when
+// set, is the key whose operations are counted apart from the others'.
 //
 // The deadline stops new operations, never one in flight: an operation cut
 // short could have committed without being counted, and the invariant
 // compares every counted success with the table. So the operations in flight
 // at the deadline run on (the drain) and count as successes; they are left
 // out of InWindow, which is what the throughput divides by the window.
-func measure(ctx context.Context, cfg harness.Config, op harness.Op, pick picker) outcome {
+func measure(ctx context.Context, cfg harness.Config, op harness.Op, pick picker, hot string) outcome {
 	var (
-		inWindow stdatomic.Int64
-		picked   perKey
+		inWindow, hotInWindow stdatomic.Int64
+		picked                perKey
+		coldMu                sync.Mutex // protects cold
+		cold                  []time.Duration
 	)
 	began := time.Now()
 	end := began.Add(cfg.Duration)
@@ -383,12 +456,22 @@ func measure(ctx context.Context, cfg harness.Config, op harness.Op, pick picker
 		if pick != nil {
 			key = pick(key, time.Since(began), cfg.Duration)
 		}
+		start := time.Now()
 		err := op(context.WithoutCancel(ctx), key)
 		if pick != nil {
 			picked.add(key, err)
 		}
 		if (err == nil || errors.Is(err, contend.ErrConflict)) && time.Now().Before(end) {
 			inWindow.Add(1)
+			if hot != "" && key == hot {
+				hotInWindow.Add(1)
+			}
+		}
+		if hot != "" && key != hot {
+			took := time.Since(start)
+			coldMu.Lock()
+			cold = append(cold, took)
+			coldMu.Unlock()
 		}
 		return err
 	}
@@ -398,7 +481,8 @@ func measure(ctx context.Context, cfg harness.Config, op harness.Op, pick picker
 		// invariant needs the key the operation went to.
 		res.PerKey = picked.m
 	}
-	return outcome{Result: res, InWindow: inWindow.Load(), Window: cfg.Duration}
+	slices.Sort(cold)
+	return outcome{Result: res, InWindow: inWindow.Load(), Window: cfg.Duration, HotInWindow: hotInWindow.Load(), ColdLatencies: cold}
 }
 
 // perKey counts operations by key, as the harness does.
@@ -447,7 +531,10 @@ func (out *outcome) merge(o outcome) {
 	// The processes start together and time the same window.
 	out.InWindow += o.InWindow
 	out.Window = max(out.Window, o.Window)
+	out.HotInWindow += o.HotInWindow
+	out.ColdLatencies = append(out.ColdLatencies, o.ColdLatencies...)
 	slices.Sort(out.Latencies)
+	slices.Sort(out.ColdLatencies)
 }
 
 // check compares what the operations reported with what the table shows and

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	stdatomic "sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jmoiron/sqlx"
@@ -30,7 +31,7 @@ import (
 // one is measured against; poll (the bare 1 ms polling loop), redislock and
 // redsync are peers of distlock; naive is the negative control. The -mariadb
 // strategies are their namesakes on MariaDB, beside raw-mariadb, their floor.
-var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "optimistic", "optimistic-guard", "adaptive",
+var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "pessimistic-noqueue", "optimistic", "optimistic-guard", "adaptive",
 	"distlock", "poll", "redislock", "redsync", "queue", "naive",
 	"raw-mariadb", "atomic-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
 
@@ -73,8 +74,32 @@ func floor(strategy string) string {
 
 // The workloads: "decrement stock if available", "claim a job once", and
 // "shift", a decrement whose keys turn from spread to hot halfway through the
-// cell (see shiftPicker).
-var allWorkloads = []string{"decrement", "claim", "shift"}
+// cell (see shiftPicker); and three decrements whose fn waits thinkTime
+// between its read and its write, on a pool of thinkPool connections:
+// "think" on spread keys, "mixed" with mixedHot of its calls on one hot key
+// (see mixedPicker), and "shift-think", shift with the wait.
+var allWorkloads = []string{"decrement", "claim", "shift", "think", "mixed", "shift-think"}
+
+// thinkTime is what the think workloads' fn waits between its read and its
+// write, holding whatever its strategy holds: a stand-in for a call to
+// another service.
+const thinkTime = 2 * time.Millisecond
+
+// thinkPool is each process's pool in the think workloads: smaller than
+// their workers, as a service's pool is, so that what a waiter holds shows.
+const thinkPool = 10
+
+// thinks reports whether workload's fn waits thinkTime.
+func thinks(workload string) bool {
+	return workload == "think" || workload == "mixed" || workload == "shift-think"
+}
+
+// thinkStrategies are the strategies the think workloads run: the guards
+// that run a read-think-write (the row lock with and without its queue in
+// the process, the optimistic guard, the adaptive one), raw, their floor,
+// and the naive control; and on MariaDB, those that run there.
+var thinkStrategies = []string{"raw", "pessimistic", "pessimistic-noqueue", "optimistic-guard", "adaptive", "naive",
+	"raw-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
 
 // shiftStrategies are the strategies the shift workload runs: the guards it
 // is there to set apart (the adaptive one beside the two it chooses
@@ -82,13 +107,14 @@ var allWorkloads = []string{"decrement", "claim", "shift"}
 var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-guard", "adaptive",
 	"raw-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
 
-// operation is what workload's operations do: shift sells, as decrement
-// does; only the keys it sells differ.
+// operation is what workload's operations do: shift and the think
+// workloads sell, as decrement does; only the keys they sell and the wait
+// in fn differ.
 func operation(workload string) string {
-	if workload == "shift" {
-		return "decrement"
+	if workload == "claim" {
+		return workload
 	}
-	return workload
+	return "decrement"
 }
 
 // Lost races, as the harness counts them: it matches contend.ErrConflict.
@@ -268,6 +294,10 @@ func (r retried) Do(ctx context.Context, key string, fn func(context.Context) er
 
 // newOp returns strategy's operation for workload, and what closes it.
 func newOp(ctx context.Context, b backends, workload, strategy string, c *counters) (harness.Op, func(), error) {
+	var think time.Duration
+	if thinks(workload) {
+		think = thinkTime
+	}
 	workload = operation(workload)
 	nothing := func() {}
 	observe := contend.ObserverFunc(func(_ context.Context, e contend.Event) {
@@ -275,13 +305,16 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 			c.retries.Add(int64(e.Attempts - 1))
 		}
 	})
-	rcw := readCheckWrite(b.db, b.sql, workload)
+	rcw := readCheckWrite(b.db, b.sql, workload, think)
 	// Enough attempts that a hot key at 64 workers still ends in a sale;
 	// the retries it took are what the report shows.
 	optRetry := contend.Retry{MaxAttempts: 1000}
 	// A -mariadb strategy is its namesake on b's MariaDB handles.
 	switch strings.TrimSuffix(strategy, "-mariadb") {
 	case "raw":
+		if think > 0 {
+			return rawThinkOp(b.db, b.sql, think), nothing, nil
+		}
 		return rawOp(b.db, b.sql, workload), nothing, nil
 	case "raw-pgx":
 		return rawPgxOp(b.pool, workload), nothing, nil
@@ -291,6 +324,11 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 		return atomicOp(ctx, pgxdb.Wrap(b.pool), b.sql, workload)
 	case "pessimistic":
 		l, err := pessimistic.New(b.h, pessimistic.Config{Table: table(workload)})
+		return load.Guarded(l, rcw), nothing, err
+	case "pessimistic-noqueue":
+		// Every waiter for a held row waits at the server, holding a
+		// pooled connection: the Locker as it was before its queue.
+		l, err := pessimistic.New(b.h, pessimistic.Config{Table: table(workload), NoLocalQueue: true})
 		return load.Guarded(l, rcw), nothing, err
 	case "optimistic-guard":
 		// The optimistic Guard around the read-check-write, the same shape
@@ -428,8 +466,9 @@ func rawPgxOp(pool *pgxpool.Pool, workload string) harness.Op {
 // readCheckWrite is the body every guard runs, through whatever transaction
 // the guard hands it, in d's statements: read the row, refuse when the check
 // fails, write back what was read, changed. Unguarded, two callers can read
-// the same state and both write: the lost update and the double claim.
-func readCheckWrite(db *sqlx.DB, d dialect, workload string) func(ctx context.Context, key string) error {
+// the same state and both write: the lost update and the double claim. A
+// decrement waits think between its read and its write.
+func readCheckWrite(db *sqlx.DB, d dialect, workload string, think time.Duration) func(ctx context.Context, key string) error {
 	if workload == "claim" {
 		return func(ctx context.Context, key string) error {
 			q := contend.Querier(ctx, db)
@@ -453,8 +492,42 @@ func readCheckWrite(db *sqlx.DB, d dialect, workload string) func(ctx context.Co
 		if stock < 1 {
 			return errSoldOut
 		}
+		if think > 0 {
+			time.Sleep(think)
+		}
 		_, err := q.ExecContext(ctx, d.writeStock, stock-1, key)
 		return err
+	}
+}
+
+// rawThinkOp is the floor of the think workloads: the locked transaction
+// written by hand (BEGIN; SELECT stock ... FOR NO KEY UPDATE; wait think;
+// UPDATE; COMMIT), every waiter holding a connection at the server.
+func rawThinkOp(db *sqlx.DB, d dialect, think time.Duration) harness.Op {
+	lockedRead := d.readStock + " FOR NO KEY UPDATE"
+	var opts *sql.TxOptions
+	if d.mysql {
+		lockedRead = d.readStock + " FOR UPDATE"
+		opts = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return func(ctx context.Context, key string) error {
+		tx, err := db.BeginTx(ctx, opts)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		var stock int64
+		if err := tx.QueryRowContext(ctx, lockedRead, key).Scan(&stock); err != nil {
+			return err
+		}
+		if stock < 1 {
+			return errSoldOut
+		}
+		time.Sleep(think)
+		if _, err := tx.ExecContext(ctx, d.writeStock, stock-1, key); err != nil {
+			return err
+		}
+		return tx.Commit()
 	}
 }
 

@@ -31,7 +31,7 @@ type ConnPool interface {
 // the purpose. ok is false for a transaction, a single connection, a
 // wrapper of the caller's, and pgx.
 func PoolOf(d DB) (p ConnPool, ok bool) {
-	s, ok := d.(stdDB)
+	s, ok := unwrap(d).(stdDB)
 	if !ok || s.tx != nil {
 		return nil, false
 	}
@@ -43,9 +43,18 @@ func PoolOf(d DB) (p ConnPool, ok bool) {
 // transactions on c, one of its connections: the same dialect and driver,
 // with nothing to ask the driver again.
 func Pinned(d DB, c *sql.Conn) DB {
-	s := d.(stdDB)
+	s := unwrap(d).(stdDB)
 	s.db = c
 	return s
+}
+
+// unwrap returns the handle a driver package's DB wraps (mysqldb's, which
+// checks the DSN before its first statement), or d itself.
+func unwrap(d DB) DB {
+	if w, ok := d.(interface{ Unwrap() DB }); ok {
+		return w.Unwrap()
+	}
+	return d
 }
 
 // Discard closes c and has its pool close the connection instead of keeping

@@ -115,3 +115,15 @@ func Is(err error, codes ...string) bool {
 // succeed when run again from the start: a deadlock victim or a serialization
 // failure. Nothing the transaction did survives; it must be rolled back first.
 func Retryable(err error) bool { return Is(err, DeadlockDetected, SerializationFailure) }
+
+// FromServer reports whether err is an error the server answered with:
+// the statement reached it and failed, so in autocommit none of its
+// effects stay. Any other error of a statement sent (a context that ended,
+// a connection that broke) leaves unknown whether the server applied it.
+func FromServer(err error) bool {
+	if _, ok := MySQLNumber(err); ok {
+		return true
+	}
+	var s interface{ SQLState() string }
+	return errors.As(err, &s)
+}
