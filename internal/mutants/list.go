@@ -60,8 +60,8 @@ var mutants = []mutant{
 	{
 		Name:   "atomic/claim-lease-takeover",
 		File:   "atomic/claim.go",
-		Old:    "WHERE %s = $1 AND (%s IS NULL OR %s < now())`",
-		New:    "WHERE %s = $1 AND (%s IS NULL OR %s < now() + interval '1 day')`",
+		Old:    "free = fmt.Sprintf(`(%s IS NULL OR %s < clock_timestamp())`",
+		New:    "free = fmt.Sprintf(`(%s IS NULL OR %s < clock_timestamp() + interval '1 day')`",
 		Pkg:    "./atomic",
 		Run:    "TestExpiredLeaseCanBeTakenOver",
 		Breaks: "a claim with a lease can be taken over only once its lease has passed",
@@ -69,8 +69,8 @@ var mutants = []mutant{
 	{
 		Name:   "atomic/claim-extend-revives",
 		File:   "atomic/claim.go",
-		Old:    "WHERE %s = $1 AND %s = $2 AND %s >= now()`",
-		New:    "WHERE %s = $1 AND %s = $2 AND %s >= now() - interval '1 day'`",
+		Old:    "WHERE %s = $1 AND %s = $2 AND %s >= clock_timestamp()`",
+		New:    "WHERE %s = $1 AND %s = $2 AND %s >= clock_timestamp() - interval '1 day'`",
 		Pkg:    "./atomic",
 		Run:    "TestExpiredLeaseCanBeTakenOver",
 		Breaks: "an expired claim is not revived by its holder's extension",

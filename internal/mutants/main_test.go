@@ -17,12 +17,16 @@ import (
 func TestEveryMutantApplies(t *testing.T) {
 	require.NoError(t, checkList(mutants))
 	for _, m := range mutants {
+		if _, err := os.Stat(filepath.Join("..", "..", filepath.FromSlash(m.Pkg))); err != nil {
+			t.Errorf("mutant %s: its package: %v", m.Name, err)
+		}
 		src, err := os.ReadFile(filepath.Join("..", "..", filepath.FromSlash(m.File)))
-		require.NoError(t, err, m.Name)
-		_, err = apply(m, src)
-		require.NoError(t, err, "mutant %s", m.Name)
-		_, err = os.Stat(filepath.Join("..", "..", filepath.FromSlash(m.Pkg)))
-		require.NoError(t, err, "mutant %s: its package", m.Name)
+		if err == nil {
+			_, err = apply(m, src)
+		}
+		if err != nil {
+			t.Errorf("mutant %s: %v", m.Name, err)
+		}
 	}
 }
 
