@@ -43,7 +43,8 @@ var ErrNotFound = errors.New("contend: not found")
 var ErrInvalid = errors.New("contend: invalid argument")
 
 // DBTX is the part of database/sql that a guard's fn needs to run statements.
-// [*sql.DB], [*sql.Tx], [*sql.Conn], and sqlx's DB and Tx all satisfy it.
+// [*sql.DB], [*sql.Tx], [*sql.Conn], and sqlx's DB and Tx all satisfy it, and so
+// does what [Querier] returns inside a SQL guard's fn.
 type DBTX interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -51,7 +52,7 @@ type DBTX interface {
 }
 
 // DB is the database handle the SQL strategies take: a database/sql handle
-// (a [DBTX] such as [*sql.DB], [*sql.Conn] or [*sql.Tx], or sqlx's), or a pgx
+// (a [DBTX] such as [*sql.DB] or [*sql.Tx], or sqlx's), or a pgx
 // handle wrapped by pgxdb.Wrap. It is an empty interface so that both kinds
 // pass without a conversion and without this package importing a driver;
 // constructors and functions that take one check it, and anything else,
@@ -68,7 +69,10 @@ func WithQuerier(ctx context.Context, q DBTX) context.Context {
 }
 
 // Querier returns the transaction of the guard that runs the calling fn, or
-// db when ctx carries none. Writing fn bodies against it lets one fn work under
+// db when ctx carries none. A guard's transaction comes as a value of the
+// library's, not as the *sql.Tx itself: once the server has rolled the
+// transaction back, every statement through it fails, rather than run alone
+// outside it. Writing fn bodies against it lets one fn work under
 // every guard: a SQL guard's writes then commit or roll back with its lock or
 // version check, and under the other guards they go straight to db.
 //

@@ -68,8 +68,8 @@
 // # Drivers
 //
 // The SQL strategies take a [DB]: a database/sql handle (lib/pq, pgx's
-// stdlib driver, sqlx), or a pgx handle (*pgxpool.Pool, *pgx.Conn, pgx.Tx)
-// wrapped by pgxdb.Wrap. Both run the same statements through one code
+// stdlib driver, sqlx), or a pgx handle (*pgxpool.Pool, pgx.Tx) wrapped by
+// pgxdb.Wrap. Both run the same statements through one code
 // path. Under a pgx handle fn reaches the guard's pgx.Tx with
 // pgxdb.Querier, the twin of [Querier]. This module links no driver its
 // user did not import: only package pgxdb imports pgx, and no library
@@ -96,17 +96,46 @@
 // on its own. A guard built on a caller's *sql.Tx behaves the same way.
 //
 // Which handle means which is decided from its type, never guessed: a
-// *sql.DB, *sql.Conn, sqlx's DB, or anything with BeginTx(ctx,
-// *sql.TxOptions) (*sql.Tx, error) is a pool on which the guard begins its
-// own transactions; a *sql.Tx or sqlx's Tx is a transaction the caller owns.
-// Wrapped pgx handles likewise: a *pgxpool.Pool or *pgx.Conn is a pool, a
-// pgx.Tx the caller's transaction. A guard
-// on one driver refuses to nest in another driver's transaction, with
-// [ErrInvalid]: it could not join it.
-// Anything else (a wrapper with only [DBTX]'s methods, which could be
-// either) is refused with [ErrInvalid] at construction, as are nil and typed
-// nil handles. Guards on different databases must not be nested: the inner
-// one would join a transaction of the other database.
+// *sql.DB, sqlx's DB, or anything with BeginTx(ctx, *sql.TxOptions)
+// (*sql.Tx, error) is a pool on which the guard begins its own
+// transactions; a *sql.Tx or sqlx's Tx is a transaction the caller owns.
+// Wrapped pgx handles likewise: a *pgxpool.Pool is a pool, a pgx.Tx the
+// caller's transaction. Anything else (a wrapper with only [DBTX]'s
+// methods, which could be either) is refused with [ErrInvalid] at
+// construction, as are nil and typed nil handles.
+//
+// A single connection (a *sql.Conn or sqlx's Conn, a *pgx.Conn or
+// *pgxpool.Conn wrapped by pgxdb.Wrap) is one server session, not a pool:
+// two calls on it would begin their transactions on one session, where a
+// row lock keeps nobody out and one call's BEGIN or COMMIT is the other's.
+// Guards refuse one with [ErrInvalid]; pass the pool it came from. A
+// wrapper of the caller's around a connection does not say what it holds,
+// and is taken for a pool.
+//
+// A guard refuses, with [ErrInvalid], to nest in a transaction it cannot
+// join: one of another driver, or one a guard began on another database
+// (another *sql.DB or *pgxpool.Pool than the nested guard's). A
+// transaction the caller put in ctx ([WithQuerier], pgxdb.WithQuerier), and
+// a guard built on a wrapper of the caller's, do not say which database
+// they belong to: there the inner guard joins whatever transaction it
+// finds, so guards on different databases must not be nested.
+//
+// # A transaction the server rolled back
+//
+// The server may end a guard's transaction on its own: MySQL and MariaDB
+// roll the whole of it back for a deadlock victim (and for a lock wait
+// timeout with innodb_rollback_on_timeout), and PostgreSQL aborts it on any
+// error. A nested guard then answers its own lost race as usual, matching
+// [ErrConflict], but the transaction stays dead: every later statement
+// through [Querier] fails with an error that says so (PostgreSQL refuses
+// them itself), and the guard that owns the transaction never commits it
+// and never answers nil for it. It runs fn again when the cause is one it
+// retries (a deadlock is), or returns the error. A caller that took the
+// nested ErrConflict for a busy key and went on writing therefore loses
+// nothing silently. On MySQL, the guards' transaction that fn's ctx
+// carries is watched; a *sql.Tx of the caller's is rolled back by the guard
+// that finds it dead, so that its Commit fails too. On MySQL 8, which has
+// no @@in_transaction, only a deadlock is recognised this way.
 //
 // # Errors
 //

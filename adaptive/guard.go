@@ -55,12 +55,16 @@ var (
 )
 
 // NewGuard validates cfg and returns a Guard on db: a pool (a [*sql.DB],
-// [*sql.Conn], sqlx's DB, or a pgx pool wrapped by pgxdb.Wrap), on which Do
-// begins a transaction per attempt, or a transaction the caller owns, in
-// which Do runs fn once and leaves retrying to the owner. A Do whose ctx
-// carries another SQL guard's transaction joins it. It fails with an error
-// matching [contend.ErrInvalid] when db is nil or of another kind, when a name
-// is not a plain identifier, or when a threshold is out of range.
+// sqlx's DB, or a pgx pool wrapped by pgxdb.Wrap), on which Do begins a
+// transaction per attempt, or a transaction the caller owns, in which Do
+// runs fn once and leaves retrying to the owner. A Do whose ctx carries
+// another SQL guard's transaction joins it, unless it was begun on another
+// database ([contend.ErrInvalid]). It fails with an error matching
+// [contend.ErrInvalid] when db is nil or of another kind, a single
+// connection ([*sql.Conn], a wrapped *pgx.Conn: one server session, on
+// which two calls would share one transaction; pass the pool it came from),
+// when a name is not a plain identifier, or when a threshold is out of
+// range.
 func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {

@@ -33,17 +33,16 @@ func guardSuite(driver string, pin *adaptive.Mode) guardtest.Suite {
 			_, err := env.DB.Exec(`ALTER TABLE guardtest_counters ADD COLUMN version bigint NOT NULL DEFAULT 0`)
 			require.NoError(t, err)
 		},
-		New: func(t testing.TB, env guardtest.Env) contend.Guard {
-			g, err := adaptive.NewGuard(env.Handle, adaptive.Config{Table: "guardtest_counters", KeyColumn: "key", Retry: bigBudget})
-			require.NoError(t, err)
-			if pin == nil {
-				return g
+		NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
+			g, err := adaptive.NewGuard(db, adaptive.Config{Table: "guardtest_counters", KeyColumn: "key", Retry: bigBudget})
+			if err != nil || pin == nil {
+				return g, err
 			}
 			g.Pin(*pin)
 			if locked {
-				return lockedOnly{g}
+				return lockedOnly{g}, nil
 			}
-			return g
+			return g, nil
 		},
 		// Optimistic calls overlap, so the guard is not exclusive; it waits
 		// for the lock, or retries, rather than failing fast. Pinned locked,

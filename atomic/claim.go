@@ -116,10 +116,12 @@ type Claimer struct {
 var _ contend.Guard = (*Claimer)(nil)
 
 // NewClaimer validates cfg and prepares the claimer's statements on db: a
-// pool ([*sql.DB], sqlx's DB, a *pgxpool.Pool wrapped by pgxdb.Wrap), a
-// connection ([*sql.Conn], a wrapped *pgx.Conn) or a caller's transaction
-// ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx). It fails when db is none of
-// these, when a name is not a plain identifier, or when the statements do
+// pool ([*sql.DB], sqlx's DB, a *pgxpool.Pool wrapped by pgxdb.Wrap) or a
+// caller's transaction ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx). A single
+// connection ([*sql.Conn], a wrapped *pgx.Conn or *pgxpool.Conn) is refused
+// with an error matching [contend.ErrInvalid], as by every SQL guard: it is
+// one server session, where nested calls' transactions would be one; pass
+// the pool it came from. It fails when db is none of these, when a name is not a plain identifier, or when the statements do
 // not prepare (no such table or column; pgx prepares at first use, so there
 // the first claim says so).
 func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, error) {

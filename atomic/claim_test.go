@@ -58,10 +58,8 @@ func claimerSuite(t *testing.T, driver string, makeBots func(testing.TB, *sqlx.D
 	guardtest.Run(t, guardtest.Suite{
 		Driver: driver,
 		Setup:  func(t testing.TB, env guardtest.Env, keys []string) { makeBots(t, env.DB, keys...) },
-		New: func(t testing.TB, env guardtest.Env) contend.Guard {
-			c, err := atomic.NewClaimer(t.Context(), env.Handle, cfg)
-			require.NoError(t, err)
-			return c
+		NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
+			return atomic.NewClaimer(context.Background(), db, cfg)
 		},
 		FailFast:  true,
 		Exclusive: true,

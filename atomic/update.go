@@ -85,7 +85,9 @@ func UpdateReturning(ctx context.Context, db contend.DB, dest []any, query strin
 // too: a transaction reads its own writes), and of concurrent calls the
 // update's condition lets exactly as many win as it would alone. When the
 // update affects another number of rows, applied is false and dest
-// untouched. db is a pool, on which a transaction is begun, rolled back
+// untouched. db is a pool (not a single connection, which is refused: one
+// session cannot be shared by two callers' transactions), on which a
+// transaction is begun, rolled back
 // when the update did not apply, and run again on a deadlock; or a
 // transaction, the caller's or the one ctx carries (a guard's fn), which is
 // joined and never ended: roll it back when the update may have touched

@@ -87,6 +87,10 @@ type checkedTx struct {
 	d *checked
 }
 
+// Unwrap lets package sqldb find its own transaction behind the check: to
+// end it when the server rolled it back, and to run statements in it.
+func (t checkedTx) Unwrap() sqldb.Tx { return t.Tx }
+
 func (t checkedTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	if err := t.d.c.pass(ctx, t.d.h); err != nil {
 		return 0, err

@@ -95,9 +95,10 @@ const checkTimeout = 5 * time.Second
 
 // Wrap returns h, a handle of go-sql-driver/mysql, as a [contend.DB] that
 // the SQL strategies' constructors and functions take: a [*sql.DB] or
-// sqlx's DB (a pool, on which they begin a transaction per call), a
-// [*sql.Conn], or a [*sql.Tx] or sqlx's Tx of the caller's (in which they
-// run and never commit). A nil h, a pool of another driver, and a handle
+// sqlx's DB (a pool, on which they begin a transaction per call), or a
+// [*sql.Tx] or sqlx's Tx of the caller's (in which they run and never
+// commit). A [*sql.Conn] serves atomic.Update's single statements; the
+// guards refuse it, as on PostgreSQL: it is one server session. A nil h, a pool of another driver, and a handle
 // whose DSN lacks clientFoundRows=true are refused by the strategies with
 // an error matching [contend.ErrInvalid]. Wrap does no I/O and never closes
 // h; nor do the strategies' constructors that take its value, except where

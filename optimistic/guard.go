@@ -48,18 +48,21 @@ type Guard struct {
 var _ contend.Guard = (*Guard)(nil)
 
 // NewGuard validates cfg and builds the guard's statements. db is a pool (a
-// [*sql.DB], [*sql.Conn], sqlx's DB, anything with BeginTx(ctx,
-// *sql.TxOptions) (*sql.Tx, error), a *pgxpool.Pool or *pgx.Conn wrapped
-// by pgxdb.Wrap, or a MySQL pool wrapped by mysqldb.Wrap), on which Do
+// [*sql.DB], sqlx's DB, anything with BeginTx(ctx, *sql.TxOptions)
+// (*sql.Tx, error), a *pgxpool.Pool wrapped by pgxdb.Wrap, or a MySQL pool
+// wrapped by mysqldb.Wrap), on which Do
 // begins a transaction per attempt, or a transaction the caller owns
 // ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx), in which Do runs fn once and
 // leaves retrying to the owner. It fails with an error
 // matching [contend.ErrInvalid] when db is nil or of another kind (a wrapper
-// with only [contend.DBTX]'s methods could be either), or when a name is not
-// a plain identifier.
+// with only [contend.DBTX]'s methods could be either), a single connection
+// ([*sql.Conn], a wrapped *pgx.Conn or *pgxpool.Conn: one server session,
+// on which two calls would share one transaction; pass the pool it came
+// from), or when a name is not a plain identifier.
 //
 // On a pool, a Do whose ctx carries a transaction (fn of another SQL guard)
-// joins it, as on a transaction the caller owns.
+// joins it, as on a transaction the caller owns; one a guard began on
+// another database is refused with [contend.ErrInvalid].
 func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	d, err := sqldb.Open(db)
 	if err != nil {

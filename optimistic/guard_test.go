@@ -32,10 +32,8 @@ func guardSuite(driver string) guardtest.Suite {
 			_, err := env.DB.Exec(`ALTER TABLE guardtest_counters ADD COLUMN version bigint NOT NULL DEFAULT 0`)
 			require.NoError(t, err)
 		},
-		New: func(t testing.TB, env guardtest.Env) contend.Guard {
-			g, err := optimistic.NewGuard(env.Handle, optimistic.Config{Table: "guardtest_counters", KeyColumn: "key", Retry: bigBudget})
-			require.NoError(t, err)
-			return g
+		NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
+			return optimistic.NewGuard(db, optimistic.Config{Table: "guardtest_counters", KeyColumn: "key", Retry: bigBudget})
 		},
 		// Neither exclusive nor fail-fast: fns overlap, only one per
 		// version commits, and with this budget the losers never give up.
@@ -326,7 +324,12 @@ func TestGuardInsideACallersTransaction(t *testing.T) {
 	runs := 0
 	err = onTx.Do(ctx, "a", func(ctx context.Context) error {
 		runs++
-		require.Same(t, tx, contend.Querier(ctx, db), "fn gets the caller's transaction")
+		// fn gets the caller's transaction, watched by the library: the same
+		// server transaction.
+		var mine, callers int64
+		require.NoError(t, contend.Querier(ctx, db).QueryRowContext(ctx, `SELECT txid_current()`).Scan(&mine))
+		require.NoError(t, tx.QueryRowContext(ctx, `SELECT txid_current()`).Scan(&callers))
+		require.Equal(t, callers, mine, "fn gets the caller's transaction")
 		return withdraw(db, "a", 10)(ctx)
 	})
 	require.NoError(t, err)

@@ -65,8 +65,9 @@ type Store[T any] struct {
 }
 
 // NewStore validates cfg and T's mapping and builds the store's statements.
-// It fails with an error matching [contend.ErrInvalid] when db is nil or
-// neither a pool nor a transaction (see [NewGuard]), T is not a struct, T lacks a field for the key or version column, the version
+// It fails with an error matching [contend.ErrInvalid] when db is nil,
+// neither a pool nor a transaction, or a single connection (see
+// [NewGuard]), T is not a struct, T lacks a field for the key or version column, the version
 // field is not an integer, or a name is not a plain identifier. It sends
 // nothing to the database: a table or column that does not exist shows at the
 // first call.

@@ -88,7 +88,8 @@ type Advisory struct {
 var _ contend.Guard = (*Advisory)(nil)
 
 // NewAdvisory validates cfg and returns an advisory guard on db, which is a
-// pool or a caller's transaction, as for [New]; on MySQL (a handle wrapped
+// pool or a caller's transaction, as for [New] (a single connection is
+// refused); on MySQL (a handle wrapped
 // by mysqldb.Wrap), a pool that hands out connections: a [*sql.DB] or
 // sqlx's DB.
 func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {

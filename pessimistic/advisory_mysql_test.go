@@ -33,10 +33,8 @@ func TestAdvisoryIsAGuardOnMariaDB(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: testserver.MariaDBDriver,
-				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					a, err := pessimistic.NewAdvisory(env.Handle, pessimistic.AdvisoryConfig{Mode: mode})
-					require.NoError(t, err)
-					return a
+				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
+					return pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{Mode: mode})
 				},
 				FailFast:  mode != pessimistic.Wait,
 				Exclusive: true,

@@ -50,8 +50,9 @@
 //
 // # Whose transaction
 //
-// Built on a pool (a [*sql.DB], [*sql.Conn], sqlx's DB, or anything with
-// BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error)), a locker begins, commits
+// Built on a pool (a [*sql.DB], sqlx's DB, or anything with BeginTx(ctx,
+// *sql.TxOptions) (*sql.Tx, error), but not a single connection: see
+// [New]), a locker begins, commits
 // and rolls back a transaction per call, unless ctx already carries one (fn
 // of another SQL guard, or of an outer call): then it joins it, so nested
 // locks share one transaction and the server sees, and can break, any

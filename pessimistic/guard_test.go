@@ -41,10 +41,8 @@ func TestLockerIsAGuard(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: c.driver,
 				Setup:  lockRows,
-				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "locks", Mode: c.mode})
-					require.NoError(t, err)
-					return l
+				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
+					return pessimistic.New(db, pessimistic.Config{Table: "locks", Mode: c.mode})
 				},
 				FailFast:  c.mode != pessimistic.Wait,
 				Exclusive: true,
@@ -65,10 +63,8 @@ func TestAdvisoryIsAGuard(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: c.driver,
-				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					a, err := pessimistic.NewAdvisory(env.Handle, pessimistic.AdvisoryConfig{Mode: c.mode})
-					require.NoError(t, err)
-					return a
+				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
+					return pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{Mode: c.mode})
 				},
 				FailFast:  c.mode == pessimistic.NoWait,
 				Exclusive: true,

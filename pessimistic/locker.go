@@ -182,17 +182,20 @@ type Locker struct {
 var _ contend.Guard = (*Locker)(nil)
 
 // New validates cfg and returns a locker on db. db is either a pool (a
-// [*sql.DB], [*sql.Conn] or sqlx's DB, or a *pgxpool.Pool or *pgx.Conn
-// wrapped by pgxdb.Wrap), on which the locker begins a transaction per
-// call, or a transaction (a [*sql.Tx], sqlx's Tx, or a wrapped pgx.Tx) that
-// the caller owns, in which the locker neither begins nor commits. Anything
-// else, nil and typed nils included, is an error matching
-// [contend.ErrInvalid]. New does no
+// [*sql.DB] or sqlx's DB, or a *pgxpool.Pool wrapped by pgxdb.Wrap), on
+// which the locker begins a transaction per call, or a transaction (a
+// [*sql.Tx], sqlx's Tx, or a wrapped pgx.Tx) that the caller owns, in which
+// the locker neither begins nor commits. Anything else, nil and typed nils
+// included, is an error matching [contend.ErrInvalid]; so is a single
+// connection ([*sql.Conn], a wrapped *pgx.Conn or *pgxpool.Conn), one
+// server session on which two calls would share one transaction: pass the
+// pool it came from. New does no
 // I/O, so making a locker per caller transaction costs nothing: a table or
 // column that does not exist shows in the first lock's error.
 //
 // On a pool, a call whose ctx carries a transaction (fn of another SQL guard,
-// or of an outer call of this locker) joins that transaction.
+// or of an outer call of this locker) joins that transaction; one a guard
+// began on another database is refused with [contend.ErrInvalid].
 func New(db contend.DB, cfg Config) (*Locker, error) {
 	if cfg.KeyColumn == "" {
 		cfg.KeyColumn = "id"

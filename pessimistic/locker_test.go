@@ -236,7 +236,12 @@ func TestInsideACallersTransaction(t *testing.T) {
 
 			l := newLocker(t, tx, pessimistic.Config{})
 			require.NoError(t, l.Lock(ctx, "p", func(ctx context.Context, q contend.DBTX) error {
-				require.Equal(t, contend.DBTX(tx), q)
+				// q is the caller's transaction, watched by the library: the
+				// same server transaction.
+				var mine, callers int64
+				require.NoError(t, q.QueryRowContext(ctx, `SELECT txid_current()`).Scan(&mine))
+				require.NoError(t, tx.QueryRowContext(ctx, `SELECT txid_current()`).Scan(&callers))
+				require.Equal(t, callers, mine)
 				return sell(ctx, q, "p")
 			}))
 			require.Equal(t, 3, stockOf(t, db, "p"), "not committed by the locker")

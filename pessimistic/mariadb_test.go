@@ -36,10 +36,8 @@ func TestLockerIsAGuardOnMariaDB(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: testserver.MariaDBDriver,
 				Setup:  func(t testing.TB, env guardtest.Env, keys []string) { mariaRows(t, env.DB, "locks", keys...) },
-				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "locks", Mode: mode})
-					require.NoError(t, err)
-					return l
+				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
+					return pessimistic.New(db, pessimistic.Config{Table: "locks", Mode: mode})
 				},
 				FailFast:  mode != pessimistic.Wait,
 				Exclusive: true,

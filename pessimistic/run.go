@@ -301,7 +301,9 @@ func (r *runner) lockMySQL(ctx context.Context, tx sqldb.Tx, lock func(context.C
 		restoreCtx, cancel = context.WithTimeout(context.WithoutCancel(ctx), txn.CancelGrace)
 		defer cancel()
 	}
-	if _, rerr := tx.Exec(restoreCtx, restoreMySQLTimeout); rerr != nil && !errors.Is(rerr, driver.ErrBadConn) {
+	// Put back even when the lock's deadlock rolled the transaction back:
+	// the setting belongs to the session.
+	if rerr := sqldb.SessionExec(restoreCtx, tx, restoreMySQLTimeout); rerr != nil && !errors.Is(rerr, driver.ErrBadConn) {
 		return errors.Join(err, fmt.Errorf("restore innodb_lock_wait_timeout: %w", rerr))
 	}
 	return err

@@ -1,5 +1,5 @@
 // Package pgxdb lets the SQL strategies (atomic, pessimistic, optimistic)
-// run on pgx's native interface: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx
+// run on pgx's native interface: a *pgxpool.Pool or a pgx.Tx
 // of the caller's. Wrap a handle once and pass it where a strategy takes a
 // [contend.DB]:
 //
@@ -52,9 +52,12 @@ type beginner interface {
 
 // Wrap returns h as a [contend.DB] that the SQL strategies' constructors and
 // functions take. A [pgx.Tx] is a transaction the caller owns, in which the
-// guards run and never commit, as in a *sql.Tx; a *pgxpool.Pool, a
-// *pgxpool.Conn or a *pgx.Conn (or anything with BeginTx(ctx,
-// pgx.TxOptions)) is a pool on which they begin a transaction per call.
+// guards run and never commit, as in a *sql.Tx; a *pgxpool.Pool (or
+// anything else with BeginTx(ctx, pgx.TxOptions)) is a pool on which they
+// begin a transaction per call. A *pgx.Conn or *pgxpool.Conn is one server
+// session: atomic.Update, UpdateN and UpdateReturning run their single
+// statement on it, but the guards (and atomic.UpdateSelect) refuse it with an error matching [contend.ErrInvalid], since two
+// calls would begin their transactions on one session; pass the pool.
 // Whatever else h is, and a nil h, the value returned is refused by the
 // strategies with an error matching [contend.ErrInvalid]. Wrap does no I/O
 // and never closes h.
@@ -67,8 +70,11 @@ func Wrap(h Handle) contend.DB {
 		return &db{h: v, tx: &tx{h: v}}
 	case beginner:
 		d := &db{h: v, begin: v}
-		if p, ok := v.(*pgxpool.Pool); ok {
-			d.pool = p
+		switch v := v.(type) {
+		case *pgxpool.Pool:
+			d.pool, d.origin = v, v
+		case *pgx.Conn, *pgxpool.Conn:
+			d.session = true
 		}
 		return d
 	}
@@ -79,8 +85,11 @@ func Wrap(h Handle) contend.DB {
 // when ctx carries none: the pgx twin of [contend.Querier]. Writing fn
 // against it lets one fn body work under every guard.
 func Querier(ctx context.Context, h Handle) Handle {
-	if tx, ok := sqldb.TxFrom(ctx).(pgx.Tx); ok {
-		return tx
+	switch v := sqldb.TxFrom(ctx).(type) {
+	case *tx:
+		return v.h
+	case pgx.Tx:
+		return v
 	}
 	return h
 }
@@ -106,7 +115,15 @@ type db struct {
 	tx    *tx           // nil for a pool
 	pool  *pgxpool.Pool // nil unless h is one: Acquire takes a connection of it
 	conn  *pgxpool.Conn // a connection Acquire took, to give back; nil otherwise
+	// origin is the pool h is, or is a connection of: what tells two
+	// databases apart. nil when h does not say (a connection, a wrapper of
+	// the caller's).
+	origin *pgxpool.Pool
+	// session: h is one connection, one server session (see sqldb.Open).
+	session bool
 }
+
+func (d *db) OneSession() bool { return d.session }
 
 // Release gives back a connection [db.Acquire] took.
 func (d *db) Release() {
@@ -155,6 +172,12 @@ func (d *db) Tx() sqldb.Tx {
 func (d *db) Outer(ctx context.Context) (sqldb.Tx, error) {
 	switch v := sqldb.TxFrom(ctx).(type) {
 	case nil:
+	case *tx:
+		if d.origin != nil && v.origin != nil && d.origin != v.origin {
+			return nil, fmt.Errorf("pgxdb: ctx carries a transaction of another pool than this handle's: a guard cannot "+
+				"join it, and running beside it could wait for a lock the caller holds: %w", contend.ErrInvalid)
+		}
+		return v, nil
 	case pgx.Tx:
 		return &tx{h: v}, nil
 	default:
@@ -185,7 +208,7 @@ func (d *db) Begin(ctx context.Context, opts *sql.TxOptions) (sqldb.OwnTx, error
 	if err != nil {
 		return nil, err
 	}
-	return &tx{h: t}, nil
+	return &tx{h: t, origin: d.origin}, nil
 }
 
 func (d *db) Acquire(ctx context.Context) (sqldb.Conn, error) {
@@ -196,7 +219,7 @@ func (d *db) Acquire(ctx context.Context) (sqldb.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &db{h: c, begin: c, conn: c}, nil
+	return &db{h: c, begin: c, conn: c, origin: d.origin}, nil
 }
 
 // Prepare keeps the text only: pgx prepares and caches each statement per
@@ -219,8 +242,12 @@ func isoLevel(l sql.IsolationLevel) pgx.TxIsoLevel {
 	return ""
 }
 
-// tx is a pgx transaction: the caller's, or one a guard began.
-type tx struct{ h pgx.Tx }
+// tx is a pgx transaction: the caller's, or one a guard began, which fn's
+// ctx carries, so that a nested guard knows which pool it was begun on.
+type tx struct {
+	h      pgx.Tx
+	origin *pgxpool.Pool // nil for a caller's
+}
 
 func (t *tx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
 	tag, err := t.h.Exec(ctx, query, args...)
@@ -238,10 +265,16 @@ func (t *tx) Query(ctx context.Context, query string, args ...any) (sqldb.Rows, 
 	return queryRows(ctx, t.h, query, args)
 }
 
-func (t *tx) Context(ctx context.Context) context.Context { return sqldb.WithTx(ctx, t.h) }
+func (t *tx) Context(ctx context.Context) context.Context { return sqldb.WithTx(ctx, t) }
 func (t *tx) DBTX() contend.DBTX                          { return nil }
-func (t *tx) Commit(ctx context.Context) error            { return t.h.Commit(ctx) }
-func (t *tx) Rollback(ctx context.Context) error          { return t.h.Rollback(ctx) }
+
+// Err is always nil: PostgreSQL aborts a transaction on any error, refuses
+// every later statement in it until a rollback (to a savepoint, which may
+// revive it), and answers its COMMIT with a rollback, which pgx reports as
+// an error.
+func (t *tx) Err() error                         { return nil }
+func (t *tx) Commit(ctx context.Context) error   { return t.h.Commit(ctx) }
+func (t *tx) Rollback(ctx context.Context) error { return t.h.Rollback(ctx) }
 
 func queryRows(ctx context.Context, h Handle, query string, args []any) (sqldb.Rows, error) {
 	r, err := h.Query(ctx, query, args...)

@@ -13,6 +13,11 @@
 //     fast, and waits for ctx otherwise;
 //   - ctx cancelled before or during fn, and a panic in fn, leave nothing held;
 //   - an empty key is refused with [contend.ErrInvalid];
+//   - a careless caller that ignores a lost nested lock and goes on writing
+//     gets the truth from the outer call: all of its writes or none, and
+//     nil means all ([CarelessNesting]);
+//   - a SQL guard built on one connection, one server session, rather than
+//     a pool is refused with [contend.ErrInvalid];
 //   - every history is linearizable: each call's read-modify-write is
 //     recorded, in every process, with its call and return times and the
 //     value it read, and checked key by key against a counter with
@@ -83,8 +88,12 @@ type Suite struct {
 	Setup func(t testing.TB, env Env, keys []string)
 	// New builds the guard, in the test process or in a worker process. The
 	// guard is closed, if it has a Close() or Close(ctx) method, when the test
-	// ends.
+	// ends. Optional when NewOn is set.
 	New func(t testing.TB, env Env) contend.Guard
+	// NewOn builds the guard as New does, on db instead of env.Handle, and
+	// returns the constructor's error. SQL guards set it: the suite builds
+	// one on a single connection, which must be refused.
+	NewOn func(env Env, db contend.DB) (contend.Guard, error)
 	// FailFast is true for guards that answer a held key with ErrConflict at
 	// once; the others wait for it until ctx ends.
 	FailFast bool
@@ -209,6 +218,10 @@ func calls(t *testing.T, s Suite) {
 		require.Equal(t, "boom", recovered, "Do must re-raise fn's panic")
 		requireFree(t, g, k)
 	})
+	t.Run("careless_nesting", func(t *testing.T) { CarelessNesting(t, s, 3, nil) })
+	if s.NewOn != nil {
+		t.Run("one_session", func(t *testing.T) { oneSession(t, s) })
+	}
 	t.Run("empty_key", func(t *testing.T) {
 		g, _ := build(t, s)
 		ran := false
@@ -266,7 +279,14 @@ func setup(t testing.TB, s Suite, env Env, keys []string) {
 }
 
 func newGuard(t testing.TB, s Suite, env Env) contend.Guard {
-	g := s.New(t, env)
+	var g contend.Guard
+	if s.New != nil {
+		g = s.New(t, env)
+	} else {
+		var err error
+		g, err = s.NewOn(env, env.Handle)
+		require.NoError(t, err)
+	}
 	var closeGuard func(ctx context.Context) error
 	switch c := g.(type) {
 	case interface{ Close() error }:

@@ -74,7 +74,7 @@ func OpenStd(db contend.DBTX, dialect Dialect) (DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	d.dialect = dialect
+	d = d.withDialect(dialect)
 	if mysql, _ := DriverIsMySQL(db); mysql && d.tx == nil {
 		// go-sql-driver/mysql closes the connection when a statement's ctx
 		// ends, so its statements need no watching; its COMMIT, sent with

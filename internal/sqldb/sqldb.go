@@ -55,6 +55,10 @@ type Tx interface {
 	// DBTX returns the transaction as database/sql's handle, the tx a
 	// fn(ctx, tx contend.DBTX) is given; nil under pgx.
 	DBTX() contend.DBTX
+	// Err returns nil while the transaction may still commit, and else an
+	// error that says the server rolled it back: every statement in it then
+	// fails, and it must not be committed.
+	Err() error
 }
 
 // OwnTx is a transaction a guard began and must end.
@@ -144,11 +148,28 @@ type Wrapped interface {
 	ContendDB() (DB, error)
 }
 
-// Open classifies db, a [contend.DB]: a database/sql handle or a [Wrapped]
-// one. nil, typed nils and anything else give an error matching
-// [contend.ErrInvalid]; so does a database/sql handle with only
-// [contend.DBTX]'s methods, which might be a pool or a transaction.
+// Open classifies db, a [contend.DB], for a guard, which begins its
+// transactions on it: a database/sql handle or a [Wrapped] one. nil, typed
+// nils and anything else give an error matching [contend.ErrInvalid]; so
+// does a database/sql handle with only [contend.DBTX]'s methods, which
+// might be a pool or a transaction, and a handle that is one connection
+// (a *sql.Conn, a wrapped *pgx.Conn): one server session, on which two
+// calls would begin their transactions as one, where a lock keeps nobody
+// out.
 func Open(db contend.DB) (DB, error) {
+	d, err := classify(db)
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := unwrap(d).(interface{ OneSession() bool }); ok && s.OneSession() {
+		return nil, fmt.Errorf("db is one connection, one server session: a guard begins a transaction per call, and "+
+			"two calls on one session would run in one transaction, which a lock does not keep apart; pass the pool "+
+			"(*sql.DB, sqlx's DB, a *pgxpool.Pool wrapped by pgxdb.Wrap), or a transaction of yours to run in: %w", contend.ErrInvalid)
+	}
+	return d, nil
+}
+
+func classify(db contend.DB) (DB, error) {
 	if IsNil(db) {
 		return nil, fmt.Errorf("nil db: %w", contend.ErrInvalid)
 	}
@@ -158,7 +179,7 @@ func Open(db contend.DB) (DB, error) {
 	case contend.DBTX:
 		return openStd(h)
 	}
-	return nil, fmt.Errorf("db is a %T: pass a database/sql handle (*sql.DB, *sql.Conn, *sql.Tx, sqlx's DB or Tx) "+
+	return nil, fmt.Errorf("db is a %T: pass a database/sql handle (*sql.DB, *sql.Tx, sqlx's DB or Tx) "+
 		"or a pgx handle wrapped by pgxdb.Wrap: %w", db, contend.ErrInvalid)
 }
 
@@ -194,7 +215,7 @@ func Statements(db contend.DB) (Querier, error) {
 		}
 		return stdQuerier{h, pgxStdlib(h)}, nil
 	}
-	return Open(db) // for its error
+	return classify(db) // for its error
 }
 
 type txKey struct{}

@@ -6,10 +6,12 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"reflect"
+	"sync"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/sqlerr"
 )
 
 // Beginner is a database/sql handle that can begin transactions:
@@ -86,16 +88,30 @@ func openStd(db contend.DBTX) (DB, error) {
 }
 
 // classifyStd is openStd for a handle of any dialect: PostgreSQL unless
-// the caller sets another.
+// the caller sets another. A transaction a guard began, as fn's ctx
+// carries it, is itself, shared; a *sql.Conn or sqlx's Conn is marked as
+// one session (see [Open]).
 func classifyStd(db contend.DBTX) (stdDB, error) {
 	switch h := db.(type) {
+	case *stdTx:
+		return stdDB{stdQuerier: stdQuerier{h, h.ends}, tx: h, dialect: h.dialect}, nil
 	case *sql.Tx, *sqlx.Tx:
-		return stdDB{stdQuerier: stdQuerier{h, false}, tx: &stdTx{stdQuerier{h, false}}}, nil
+		t := &stdTx{stdQuerier: stdQuerier{h, false}}
+		return stdDB{stdQuerier: stdQuerier{t, false}, tx: t}, nil
 	case Beginner:
 		pgx := pgxStdlib(db)
-		return stdDB{stdQuerier: stdQuerier{db, pgx}, txEnds: pgx}, nil
+		d := stdDB{stdQuerier: stdQuerier{db, pgx}, txEnds: pgx}
+		switch h := db.(type) {
+		case *sql.DB:
+			d.pool = h
+		case *sqlx.DB:
+			d.pool = h.DB
+		case *sql.Conn, *sqlx.Conn:
+			d.session = true
+		}
+		return d, nil
 	}
-	return stdDB{}, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, *sql.Conn, sqlx's DB "+
+	return stdDB{}, fmt.Errorf("db is a %T, neither a pool nor a transaction: pass a *sql.DB, sqlx's DB "+
 		"or anything with BeginTx(ctx, *sql.TxOptions) (*sql.Tx, error) to begin a transaction per call, or a *sql.Tx "+
 		"or sqlx's Tx to run inside yours: %w", db, contend.ErrInvalid)
 }
@@ -148,11 +164,28 @@ type stdDB struct {
 	// txEnds: a transaction's COMMIT and ROLLBACK end with the ctx it
 	// began under (see [TxEndsWithCtx]): pgx's driver's do.
 	txEnds bool
+	// pool is the *sql.DB the handle is, or draws on: what tells two
+	// databases apart. nil for a transaction, and for a wrapper of the
+	// caller's, which does not say.
+	pool *sql.DB
+	// session: the handle is one connection, one server session.
+	session bool
 }
 
 func (d stdDB) TxEndsWithCtx() bool { return d.txEnds }
 
+func (d stdDB) OneSession() bool { return d.session }
+
 func (d stdDB) Dialect() Dialect { return d.dialect }
+
+// withDialect returns d, and its transaction, in dialect.
+func (d stdDB) withDialect(dialect Dialect) stdDB {
+	d.dialect = dialect
+	if d.tx != nil && d.tx.pool == nil {
+		d.tx.dialect = dialect
+	}
+	return d
+}
 
 func (d stdDB) Tx() Tx {
 	if d.tx == nil {
@@ -161,6 +194,10 @@ func (d stdDB) Tx() Tx {
 	return d.tx
 }
 
+// Outer joins the transaction ctx carries: the one value every guard and
+// fn of the call shares, so that what one learns of it (the server rolled
+// it back) all see. A transaction begun on another database than d's
+// cannot be joined; a caller's *sql.Tx does not say where it was begun.
 func (d stdDB) Outer(ctx context.Context) (Tx, error) {
 	if TxFrom(ctx) != nil {
 		return nil, ErrOtherDriver("database/sql", "pgx")
@@ -173,8 +210,18 @@ func (d stdDB) Outer(ctx context.Context) (Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the querier ctx carries: %w", err)
 	}
-	// A pool put in ctx with contend.WithQuerier has no transaction to join.
-	return h.Tx(), nil
+	if h.tx == nil {
+		// A pool put in ctx with contend.WithQuerier has no transaction to join.
+		return nil, nil
+	}
+	if _, shared := q.(*stdTx); !shared {
+		// A caller's *sql.Tx, which does not say its database.
+		h.tx.dialect = d.dialect
+	} else if h.tx.dialect != d.dialect || (d.pool != nil && h.tx.pool != nil && h.tx.pool != d.pool) {
+		return nil, fmt.Errorf("ctx carries a transaction of another database than this handle's (another *sql.DB): "+
+			"a guard cannot join it, and running beside it could wait for a lock the caller holds: %w", contend.ErrInvalid)
+	}
+	return h.tx, nil
 }
 
 // Begin begins on the handle, a pool or a connection: the transaction's
@@ -194,7 +241,7 @@ func (d stdDB) Begin(ctx context.Context, opts *sql.TxOptions) (OwnTx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &stdOwnTx{stdTx: stdTx{stdQuerier{tx, d.ends}}, tx: tx}, nil
+	return &stdOwnTx{stdTx: stdTx{stdQuerier: stdQuerier{tx, d.ends}, pool: d.pool, dialect: d.dialect}, tx: tx}, nil
 }
 
 func (d stdDB) Acquire(ctx context.Context) (Conn, error) {
@@ -255,14 +302,176 @@ func (p poolConn) Query(ctx context.Context, query string, args ...any) (Rows, e
 
 func (p poolConn) Release() { _ = p.c.Close() }
 
-// stdTx is a database/sql transaction: a *sql.Tx or sqlx's Tx.
-type stdTx struct{ stdQuerier }
+// stdTx is a database/sql transaction, a *sql.Tx or sqlx's Tx, and what
+// the goroutines that run statements in it know of it together. It is the
+// value fn's ctx carries, as fn's [contend.DBTX]: fn's statements and a
+// nested guard's all run through it, so that once one of them finds the
+// transaction rolled back by the server, every later one fails, and the
+// guard that owns it does not commit.
+type stdTx struct {
+	stdQuerier // db is the *sql.Tx or sqlx's Tx
+	pool       *sql.DB
+	dialect    Dialect
 
-func (t *stdTx) Context(ctx context.Context) context.Context {
-	return contend.WithQuerier(ctx, t.db)
+	mu   sync.Mutex // protects dead
+	dead error      // why the server rolled the transaction back; set once
 }
 
-func (t *stdTx) DBTX() contend.DBTX { return t.db }
+func (t *stdTx) Context(ctx context.Context) context.Context {
+	return contend.WithQuerier(ctx, t)
+}
+
+func (t *stdTx) DBTX() contend.DBTX { return t }
+
+// Err returns nil while the transaction may still commit, and else an error
+// that says the server rolled it back, wrapping the error that did.
+func (t *stdTx) Err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.dead
+}
+
+// rolledBack records that the server rolled the transaction back, with
+// cause, the error of the statement that did. The first cause stays.
+func (t *stdTx) rolledBack(cause error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.dead == nil {
+		t.dead = fmt.Errorf("the server rolled the transaction back, nothing it did stays, run it again from the start: %w", cause)
+	}
+}
+
+// end rolls back the *sql.Tx of a transaction the server rolled back, so
+// that a statement sent on it afterwards fails (sql.ErrTxDone) rather than
+// run alone in autocommit, and its owner's Commit fails: for a *sql.Tx
+// that is not reached through t alone (the caller's), and for the row of
+// [stdTx.QueryRowContext]. The connection goes back to its pool.
+func (t *stdTx) end() {
+	if r, ok := t.db.(interface{ Rollback() error }); ok {
+		_ = r.Rollback()
+	}
+}
+
+// failed learns from err, the error of a statement in t, whether the
+// server rolled t back. On MySQL a deadlock does (1213), and so may a lock
+// wait timeout (with innodb_rollback_on_timeout) or another error: after
+// any error but a duplicate key, the server is asked whether the
+// transaction is still open (MariaDB's @@in_transaction; MySQL 8 has none,
+// and there a deadlock is all that is seen). PostgreSQL aborts the
+// transaction on any error, refuses every later statement in it until a
+// rollback (to a savepoint, which may revive it) and answers COMMIT with a
+// rollback: it needs no help.
+func (t *stdTx) failed(ctx context.Context, err error) {
+	if t.dialect != MySQL {
+		return
+	}
+	n, ok := sqlerr.MySQLNumber(err)
+	if !ok || n == sqlerr.MySQLDupEntry {
+		return
+	}
+	if n != sqlerr.MySQLDeadlock {
+		var open int
+		if ctx.Err() != nil || t.db.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&open) != nil || open != 0 {
+			return
+		}
+	}
+	t.rolledBack(err)
+}
+
+func (t *stdTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := t.Err(); err != nil {
+		return nil, err
+	}
+	res, err := t.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		t.failed(ctx, err)
+	}
+	return res, err
+}
+
+func (t *stdTx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if err := t.Err(); err != nil {
+		return nil, err
+	}
+	rows, err := t.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		t.failed(ctx, err)
+	}
+	return rows, err
+}
+
+// QueryRowContext's *sql.Row can carry no error of the library's: in a
+// transaction the server rolled back, the *sql.Tx is rolled back first, and
+// its row says so (sql.ErrTxDone) without a round trip.
+func (t *stdTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if t.Err() != nil {
+		t.end()
+	}
+	row := t.db.QueryRowContext(ctx, query, args...)
+	if err := row.Err(); err != nil {
+		t.failed(ctx, err)
+	}
+	return row
+}
+
+func (t *stdTx) Exec(ctx context.Context, query string, args ...any) (int64, error) {
+	res, err := t.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+func (t *stdTx) QueryRow(ctx context.Context, query string, args ...any) Row {
+	return t.QueryRowContext(ctx, query, args...)
+}
+
+func (t *stdTx) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+	r, err := t.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (t *stdTx) std() *stdTx { return t }
+
+// stdOf returns the database/sql transaction tx is, seeing through a
+// driver package's wrapper of it (mysqldb's, which checks the DSN before
+// its first statement).
+func stdOf(tx Tx) (*stdTx, bool) {
+	if w, ok := tx.(interface{ Unwrap() Tx }); ok {
+		tx = w.Unwrap()
+	}
+	t, ok := tx.(interface{ std() *stdTx })
+	if !ok {
+		return nil, false
+	}
+	return t.std(), true
+}
+
+// SessionExec runs query in tx even when the server has rolled tx back: a
+// statement about the session, not the transaction (a session variable put
+// back), which a rollback does not undo and which must reach the
+// connection before it goes back to its pool.
+func SessionExec(ctx context.Context, tx Tx, query string) error {
+	var q Querier = tx
+	if t, ok := stdOf(tx); ok {
+		q = t.stdQuerier
+	}
+	_, err := q.Exec(ctx, query)
+	return err
+}
+
+// EndDead ends tx's database/sql transaction when the server has rolled
+// it back, so that nothing more runs in it, through any handle, and its
+// owner's Commit fails. For a guard that found a transaction it does not
+// own dead; the owner of one ends it by rolling it back.
+func EndDead(tx Tx) {
+	if t, ok := stdOf(tx); ok && tx.Err() != nil {
+		t.end()
+	}
+}
 
 type stdOwnTx struct {
 	stdTx
@@ -283,39 +492,56 @@ type stdStmt struct {
 
 func (s stdStmt) StatementsEndWithCtx() bool { return s.ends }
 
-// in returns s as it runs in tx: a statement prepared on the pool runs in
-// a transaction through StmtContext.
-func (s stdStmt) in(ctx context.Context, tx Tx) (*sql.Stmt, error) {
+// in returns s as it runs in tx, a transaction of this package's (a
+// statement prepared on the pool runs in a transaction through
+// StmtContext), or else the error that says tx is dead.
+func (s stdStmt) in(ctx context.Context, tx Tx) (*sql.Stmt, *stdTx, error) {
 	if tx == nil {
-		return s.s, nil
+		return s.s, nil, nil
 	}
-	t, ok := tx.DBTX().(interface {
+	st, ok := stdOf(tx)
+	if !ok {
+		return nil, nil, fmt.Errorf("the transaction is a %T, which cannot run prepared statements: %w", tx, contend.ErrInvalid)
+	}
+	in, ok := st.db.(interface {
 		StmtContext(ctx context.Context, s *sql.Stmt) *sql.Stmt
 	})
 	if !ok {
-		return nil, fmt.Errorf("the transaction is a %T, which cannot run prepared statements: %w", tx.DBTX(), contend.ErrInvalid)
+		return nil, nil, fmt.Errorf("the transaction is a %T, which cannot run prepared statements: %w", st.db, contend.ErrInvalid)
 	}
-	return t.StmtContext(ctx, s.s), nil
+	if err := st.Err(); err != nil {
+		return nil, nil, err
+	}
+	return in.StmtContext(ctx, s.s), st, nil
 }
 
 func (s stdStmt) Exec(ctx context.Context, tx Tx, args ...any) (int64, error) {
-	st, err := s.in(ctx, tx)
+	st, t, err := s.in(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
 	res, err := st.ExecContext(ctx, args...)
 	if err != nil {
+		if t != nil {
+			t.failed(ctx, err)
+		}
 		return 0, err
 	}
 	return res.RowsAffected()
 }
 
 func (s stdStmt) QueryRow(ctx context.Context, tx Tx, args ...any) Row {
-	st, err := s.in(ctx, tx)
+	st, t, err := s.in(ctx, tx)
 	if err != nil {
 		return errRow{err}
 	}
-	return st.QueryRowContext(ctx, args...)
+	row := st.QueryRowContext(ctx, args...)
+	if t != nil {
+		if err := row.Err(); err != nil {
+			t.failed(ctx, err)
+		}
+	}
+	return row
 }
 
 func (s stdStmt) Close() error { return s.s.Close() }

@@ -6,9 +6,11 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqldb"
+	"github.com/contend/contend/mysqldb"
 	"github.com/contend/contend/pgxdb"
 )
 
@@ -96,9 +98,44 @@ func Querier(ctx context.Context, db contend.DB) sqldb.Querier {
 	default:
 		panic(fmt.Sprintf("testserver: Querier of a %T", db))
 	}
-	d, err := sqldb.Open(q)
+	d, err := sqldb.Statements(q)
 	if err != nil {
 		panic(fmt.Sprintf("testserver: Querier: %v", err))
 	}
 	return d
+}
+
+// Session returns one connection of h, a handle [Handle] opened under
+// driver, as a subject would be built on it: a *sql.Conn, under
+// [PgxNative] a [Native] whose handle is a wrapped *pgx.Conn, under
+// [MariaDBDriver] a [MariaDBHandle] whose handle is a wrapped *sql.Conn.
+// [Querier] works on it as on h. The connection goes back when t ends.
+func Session(t testing.TB, h contend.DB) contend.DB {
+	t.Helper()
+	ctx := context.Background()
+	switch h := h.(type) {
+	case Native:
+		c, err := h.Pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Release)
+		return Native{pgxdb.Wrap(c.Conn()).(sqldb.Wrapped), h.Pool}
+	case MariaDBHandle:
+		c, err := h.DB.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return MariaDBHandle{mysqldb.Wrap(c).(sqldb.Wrapped), h.DB}
+	case *sqlx.DB:
+		c, err := h.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	t.Fatalf("testserver: Session of a %T", h)
+	return nil
 }

@@ -128,7 +128,13 @@ func RunTx(ctx context.Context, d sqldb.DB, opts Options, fn func(ctx context.Co
 		if err := context.Cause(ctx); err != nil {
 			return 0, err
 		}
-		return 1, fn(h.Tx.Context(ctx), h.Tx)
+		err := withDeath(h.Tx, fn(h.Tx.Context(ctx), h.Tx))
+		if h.Tx.Err() != nil {
+			// The owner, a caller's code or a guard's, must see it dead too,
+			// whatever it makes of this call's error.
+			_ = Within("rollback", DefaultFinishTimeout, func() error { sqldb.EndDead(h.Tx); return nil }, func() {})
+		}
+		return 1, err
 	}
 	retryable := func(err error) bool {
 		return sqlerr.Retryable(err) || (opts.Retryable != nil && opts.Retryable(err))
@@ -197,7 +203,7 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 		// back already, and the deferred rollback waits for that.
 		return context.Cause(ctx)
 	}
-	if err := fn(tx.Context(ctx), tx); err != nil {
+	if err := withDeath(tx, fn(tx.Context(ctx), tx)); err != nil {
 		return err
 	}
 	if err := context.Cause(ctx); err != nil {
@@ -250,7 +256,7 @@ func onceEnding(ctx context.Context, d sqldb.DB, opts Options, fn func(context.C
 			err = errors.Join(err, rerr)
 		}
 	}()
-	if err := fn(tx.Context(ctx), tx); err != nil {
+	if err := withDeath(tx, fn(tx.Context(ctx), tx)); err != nil {
 		return err
 	}
 	if err := context.Cause(ctx); err != nil {
@@ -258,6 +264,22 @@ func onceEnding(ctx context.Context, d sqldb.DB, opts Options, fn func(context.C
 	}
 	ended = true
 	return endBy(txCtx, abandon, opts.FinishTimeout, "commit", tx.Commit)
+}
+
+// withDeath returns err, fn's error, told the truth about tx: when the
+// server rolled tx back, whatever fn made of the statement that found it
+// (a nested guard's ErrConflict it took for a busy key), the call fails
+// with an error that says so and carries the server's, so that a deadlock
+// is run again under the retry policy. fn's own error stays reachable.
+func withDeath(tx sqldb.Tx, err error) error {
+	dead := tx.Err()
+	switch {
+	case dead == nil:
+		return err
+	case err == nil:
+		return dead
+	}
+	return errors.Join(err, dead)
 }
 
 // endBy runs call, tx.Commit or tx.Rollback, under ctx, and abandons ctx
