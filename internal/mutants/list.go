@@ -348,7 +348,7 @@ var mutants = []mutant{
 	{
 		Name:   "pgxdb/guard-transaction",
 		File:   "pgxdb/pgxdb.go",
-		Old:    "func (t *tx) Context(ctx context.Context) context.Context { return sqldb.WithTx(ctx, t.h) }",
+		Old:    "func (t *tx) Context(ctx context.Context) context.Context { return sqldb.WithTx(ctx, t) }",
 		New:    "func (t *tx) Context(ctx context.Context) context.Context { return ctx }",
 		Pkg:    "./pgxdb",
 		Run:    "TestQuerierIsTheGuardsTransaction",
