@@ -16,6 +16,8 @@ import (
 // fn itself exclusive: no two fns for one key overlap. See the package doc for
 // what each guard promises.
 type Guard interface {
+	// Do runs fn for key under the guard's promise; see the type doc for
+	// what it returns.
 	Do(ctx context.Context, key string, fn func(ctx context.Context) error) error
 }
 
@@ -46,8 +48,12 @@ var ErrInvalid = errors.New("contend: invalid argument")
 // [*sql.DB], [*sql.Tx], [*sql.Conn], and sqlx's DB and Tx all satisfy it, and so
 // does what [Querier] returns inside a SQL guard's fn.
 type DBTX interface {
+	// ExecContext runs a statement that returns no rows, as [sql.DB.ExecContext].
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	// QueryContext runs a query that returns rows, as [sql.DB.QueryContext].
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	// QueryRowContext runs a query that returns at most one row, as
+	// [sql.DB.QueryRowContext].
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 

@@ -5,9 +5,10 @@
 // trading engines; three servers each see "1 left in stock" and all three sell
 // it. A [sync.Mutex] cannot stop this, because the servers do not share memory.
 // Every fix coordinates at a point all instances share, the database or Redis,
-// and they differ in whether and how they lock. contend offers five, each as a
-// small package behind one contract, [Guard], so a call site can move from one
-// to another as traffic changes.
+// and they differ in whether and how they lock. contend offers them as small
+// packages (atomic, pessimistic, optimistic, adaptive, distlock, queue) behind
+// one contract, [Guard], so a call site can move from one to another as
+// traffic changes.
 //
 // # Which strategy
 //
@@ -26,8 +27,7 @@
 //   - Is the work outside the database (a cron job that must run on one
 //     instance, an external API that must not be called twice)? Use a Redis
 //     lease with an owner token and fencing: package distlock. It is the most
-//     delicate of the five; use it only when the database cannot hold the
-//     rule.
+//     delicate of them; use it only when the database cannot hold the rule.
 //   - Does one hot key take more traffic than a lock on it can serve? Stop
 //     contending: send every job of a key to one partition consumed by one
 //     worker, in order, and batch them: package queue. The price is eventual
@@ -150,14 +150,29 @@
 // Every strategy reports what it does (obtained, conflict, retry, gave up,
 // released, lost, failed) through one [Observer] set in its config, as one
 // [Event] shape: key, strategy, wait and hold times, attempts, fencing
-// token, error. [SlogObserver] logs them; an OpenTelemetry adapter (metrics
-// and a span per guarded call) is in the repository's examples, to keep
-// OpenTelemetry out of this module's dependencies. With no Observer set,
-// nothing is built and no clock is read.
+// token, error. [SlogObserver] logs them; the OpenTelemetry adapter (metrics
+// and a span per guarded call) is package otelcontend, in module
+// github.com/contend/contend/otelcontend, a module of its own so that
+// OpenTelemetry stays out of this module's dependencies. With no Observer
+// set, nothing is built and no clock is read.
 //
 // # Retries
 //
 // [Retry] is the one retry policy of the module (attempts, exponential
 // backoff with full jitter, honouring ctx): optimistic retries, deadlock
 // retries and lock waits all use it.
+//
+// # Testing code that uses a guard
+//
+// Package contendtest scripts a guard's outcomes (a lost race, a lost lock,
+// a slow wait, ctx's end), so a test can check how its caller answers each,
+// and releases a function from many goroutines at once, to check the
+// caller's own invariant under contention.
+//
+// # Compatibility
+//
+// Until v1.0.0, a minor version (v0.2.0 after v0.1.x) may break callers; a
+// patch version does not. Every breaking change is listed in the repository's
+// CHANGELOG.md with what replaces it. The promises a guard states (see
+// [Promises]) count as API: weakening one is a breaking change.
 package contend

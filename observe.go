@@ -28,6 +28,7 @@ import (
 // because the adapters worth having carry state (a logger and a level,
 // metric instruments, a tracer); [ObserverFunc] adapts a plain function.
 type Observer interface {
+	// Observe hears one event; see the type doc for when and where it runs.
 	Observe(ctx context.Context, e Event)
 }
 

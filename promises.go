@@ -36,6 +36,8 @@ type Promises struct {
 // module is one.
 type Promiser interface {
 	Guard
+	// Promises returns what the guard promises; it is the same on every
+	// call.
 	Promises() Promises
 }
 

@@ -25,7 +25,9 @@ import (
 // (a single node, Sentinel or Cluster).
 type RedisClient interface {
 	redis.Scripter
+	// Pipeline sends several commands in one round trip.
 	Pipeline() redis.Pipeliner
+	// Subscribe listens on channels, for the messages of released locks.
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 

@@ -162,7 +162,8 @@
 // attempt (conflict); every wait given up; every refresh or release that
 // did not reach Redis (failed); and the end of every hold, released or lost,
 // with how long it lasted: once, unless its release failed and was not
-// tried again. [contend.SlogObserver] logs them; examples/otelobserve turns them
+// tried again. [contend.SlogObserver] logs them; package otelcontend (module
+// github.com/contend/contend/otelcontend) turns them
 // into OpenTelemetry metrics and spans. Without an Observer nothing is
 // measured for it.
 //

@@ -125,6 +125,30 @@ func TestStaleReleaseKeepsTheNewHolder(t *testing.T) {
 	require.NoError(t, current.Release(ctx))
 }
 
+// The same rule for a lock obtained by waiting, whose release runs the
+// script that hands the lock on to the next waiter: a release of such a lock
+// whose lease ran out neither deletes nor hands on the lock of whoever holds
+// the key now.
+func TestStaleReleaseOfAWaitedForLockKeepsTheNewHolder(t *testing.T) {
+	t.Parallel()
+	// A long recheck: the waiter gets the lock from the release, not by
+	// asking again.
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
+	ctx := t.Context()
+	first, err := other.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	w := obtainAsync(ctx, c, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	waitListening(t, c)
+	old := handOver(ctx, t, first, w)
+	stolen(t, rdb, prefix, "job") // old's lease ran out, and another took the key
+
+	require.ErrorIs(t, old.Release(ctx), contend.ErrLockLost, "a release of a lock someone else holds succeeded")
+	stored, err := rdb.Get(ctx, lockKey(prefix, "job")).Result()
+	require.NoError(t, err, "the stale release deleted the new holder's lock")
+	require.Equal(t, "intruder", stored, "the stale release changed the new holder's lock")
+}
+
 // The negative control of the test above: a release that reads the token
 // and then deletes the key, two commands, deletes the new holder's lock when
 // the old lease runs out between them, and a third caller gets in beside the

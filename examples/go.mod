@@ -2,11 +2,17 @@ module github.com/contend/contend/examples
 
 go 1.26.0
 
-replace github.com/contend/contend => ../
+// Both modules of the repository come from this checkout, at whatever
+// version is asked for.
+replace (
+	github.com/contend/contend => ../
+	github.com/contend/contend/otelcontend => ../otelcontend
+)
 
 require (
 	github.com/bsm/redislock v0.9.4
-	github.com/contend/contend v0.0.0-00010101000000-000000000000
+	github.com/contend/contend v0.1.0
+	github.com/contend/contend/otelcontend v0.1.0
 	github.com/go-redsync/redsync/v4 v4.13.0
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/jackc/pgx/v5 v5.12.0
@@ -14,12 +20,15 @@ require (
 	github.com/lib/pq v1.12.3
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/stretchr/testify v1.12.1
-	go.opentelemetry.io/otel v1.47.0
-	go.opentelemetry.io/otel/metric v1.47.0
-	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/sdk/metric v1.47.0
-	go.opentelemetry.io/otel/trace v1.47.0
 	gonum.org/v1/plot v0.17.0
+)
+
+require (
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 )
 
 require (

@@ -2,12 +2,18 @@ package mysqldb_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"log"
+	"net/url"
+	"os"
+
+	"github.com/go-sql-driver/mysql"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
-	"github.com/contend/contend/internal/testserver"
 	"github.com/contend/contend/mysqldb"
 )
 
@@ -15,22 +21,11 @@ import (
 // once, and a bot starts once.
 func ExampleWrap() {
 	ctx := context.Background()
-	server, err := testserver.MariaDBURL()
-	if err != nil {
-		panic(err)
-	}
-	name, url, err := testserver.CreateDatabase(ctx, server)
-	if err != nil {
-		panic(err)
-	}
-	defer testserver.DropDatabase(ctx, server, name)
-	cfg, err := testserver.MariaDBConfig(url)
-	if err != nil {
-		panic(err)
-	}
+	cfg, done := exampleDatabase(ctx) // a database of the example's own
+	defer done()
 	db, err := mysqldb.Open(cfg) // sets clientFoundRows
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer db.Close()
 	for _, stmt := range []string{
@@ -40,7 +35,7 @@ func ExampleWrap() {
 		"INSERT INTO bots VALUES ('bot-1', NULL)",
 	} {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			panic(err)
+			log.Fatal(err)
 		}
 	}
 
@@ -52,7 +47,7 @@ func ExampleWrap() {
 
 	claimer, err := atomic.NewClaimer(ctx, h, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id"})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer claimer.Close()
 	err = claimer.Do(ctx, "bot-1", func(ctx context.Context) error {
@@ -67,4 +62,41 @@ func ExampleWrap() {
 	// sold: false <nil>
 	// second start conflicts: true
 	// first start: <nil>
+}
+
+// exampleDatabase creates a database of its own on the server that
+// CONTEND_MARIADB_URL names (mysql://user:password@host:port/database;
+// default: root on the local server), and returns the driver's config for
+// it and what drops it.
+func exampleDatabase(ctx context.Context) (*mysql.Config, func()) {
+	server := os.Getenv("CONTEND_MARIADB_URL")
+	if server == "" {
+		server = "mysql://root@127.0.0.1:3306/test"
+	}
+	u, err := url.Parse(server)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := mysql.NewConfig()
+	cfg.Net, cfg.Addr, cfg.DBName = "tcp", u.Host, u.Path[1:]
+	cfg.User = u.User.Username()
+	cfg.Passwd, _ = u.User.Password()
+	admin, err := mysqldb.Open(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	name := "example_" + hex.EncodeToString(b[:])
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		log.Fatal(err)
+	}
+	own := cfg.Clone()
+	own.DBName = name
+	return own, func() {
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE "+name); err != nil {
+			log.Fatal(err)
+		}
+		admin.Close()
+	}
 }

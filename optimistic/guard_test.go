@@ -15,6 +15,7 @@ import (
 	"github.com/contend/contend/internal/guardtest"
 	"github.com/contend/contend/internal/harness"
 	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/internal/waitfor"
 	"github.com/contend/contend/optimistic"
 )
 
@@ -121,6 +122,11 @@ func TestGuardDo(t *testing.T) {
 	}
 }
 
+// raceBound bounds an attempt of TestGuardLostRace's callers: a few
+// statements on a local server, which a loaded runner under the race
+// detector may make take a second or two, but never ten.
+const raceBound = 10 * time.Second
+
 // A second Do on a key whose first Do is inside fn does not wait: its fn runs
 // and commits. The first one's version check then fails, its writes roll
 // back, and it runs fn again on the new state; with no attempt to spare it
@@ -148,8 +154,17 @@ func TestGuardLostRace(t *testing.T) {
 					if err := q.QueryRowContext(ctx, `SELECT balance FROM accounts WHERE id = 'a'`).Scan(&balance); err != nil {
 						return err
 					}
-					// Decided; the other caller gets in before the write.
-					once.Do(func() { close(inside); <-leave })
+					// Decided; the other caller gets in before the write. The
+					// wait ends with the test too, so that a test that failed
+					// before leave does not leave this transaction open, and
+					// the cleanup's DROP waiting for it.
+					once.Do(func() {
+						close(inside)
+						select {
+						case <-leave:
+						case <-ctx.Done():
+						}
+					})
 					_, err := q.ExecContext(ctx, `UPDATE accounts SET balance = $1 WHERE id = 'a'`, balance-10)
 					return err
 				})
@@ -160,17 +175,27 @@ func TestGuardLostRace(t *testing.T) {
 				t.Fatalf("holder did not get in: %v", err)
 			}
 
+			// The second caller's call is a read, a write and the version
+			// check, with nothing to wait for: the first caller holds no
+			// lock. A bound ends the test if it waits anyway, for the first
+			// caller, which waits for the test.
 			ran := false
-			err := g.Do(ctx, "a", func(ctx context.Context) error {
-				ran = true
-				return withdraw(db, "a", 10)(ctx)
-			})
+			err := waitfor.Call(t, raceBound, "lost_race: the second caller never returned: the optimistic guard made it wait for the first, and ignored ctx",
+				func(ctx context.Context) error {
+					return g.Do(ctx, "a", func(ctx context.Context) error {
+						ran = true
+						return withdraw(db, "a", 10)(ctx)
+					})
+				})
+			require.NotErrorIs(t, err, context.DeadlineExceeded,
+				"lost_race: the second caller never returned: the optimistic guard made it wait for the first")
 			require.NoError(t, err, "an optimistic guard does not keep a second caller out")
 			require.True(t, ran)
 			require.Equal(t, account{ID: "a", Owner: "ann", Balance: 90, Version: 1}, rowOf(t, db, "a"))
 
 			close(leave)
-			err = <-holderErr
+			err = waitfor.Recv(t, holderErr, time.Duration(budget)*raceBound,
+				"lost_race: the first caller never returned after the second committed: its version check waits, or it retries without end")
 			if budget == 1 {
 				require.ErrorIs(t, err, contend.ErrConflict)
 				require.ErrorContains(t, err, `"a"`, "the conflict names its key")

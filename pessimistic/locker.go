@@ -260,7 +260,6 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 // [contend.ErrConflict] and ctx's error when ctx ended while the lock was
 // awaited; ctx's error when ctx ended before or after; or the backend's
 // error.
-
 func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
 	if key == "" {
 		return fmt.Errorf("pessimistic: lock: empty key: %w", contend.ErrInvalid)

@@ -184,10 +184,18 @@ func TestClaim(t *testing.T) {
 			err = l.Claim(ctx, 2, func(ctx context.Context, tx contend.DBTX, first []string) error {
 				require.Equal(t, []string{"j1", "j2"}, first)
 				// A second worker, in a transaction of its own, meanwhile.
-				require.NoError(t, l.Claim(t.Context(), 2, func(ctx context.Context, tx contend.DBTX, second []string) error {
+				// Free rows are there beside the held ones: its claim takes
+				// a statement's time, which a bound far above it tells from
+				// a wait for the held rows, which would last until the test
+				// ends (the first worker waits for it).
+				other, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+				defer cancel()
+				err := l.Claim(other, 2, func(ctx context.Context, tx contend.DBTX, second []string) error {
 					require.Equal(t, []string{"j3", "j4"}, second, "held rows are skipped, not waited for")
 					return finish(ctx, tx, second)
-				}))
+				})
+				require.NotErrorIs(t, err, context.DeadlineExceeded, "the second worker's claim waited for the rows the first holds, instead of skipping them")
+				require.NoError(t, err)
 				return finish(ctx, tx, first)
 			})
 			require.NoError(t, err)

@@ -37,9 +37,13 @@ import (
 // have in common: statements and a way to begin a transaction (a pgx.Tx
 // begins a savepoint).
 type Handle interface {
+	// Begin starts a transaction, or a savepoint in a pgx.Tx.
 	Begin(ctx context.Context) (pgx.Tx, error)
+	// Exec runs a statement that returns no rows.
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	// Query runs a query that returns rows.
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	// QueryRow runs a query that returns at most one row.
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 

@@ -37,9 +37,9 @@ var ErrRunning = errors.New("queue: already running")
 // it was submitted with, and how many times it has been delivered so far (1 on
 // the first delivery).
 type Job struct {
-	Key     string
-	Payload []byte
-	Attempt int
+	Key     string // the key that chose the job's partition
+	Payload []byte // as submitted
+	Attempt int    // the delivery, 1 for the first
 }
 
 // A Handler processes one job and returns its result. An error is retried
@@ -68,14 +68,14 @@ type BatchHandler func(ctx context.Context, jobs []Job) ([]Result, error)
 
 // Result is one job's answer from a [BatchHandler].
 type Result struct {
-	Value []byte
-	Err   error
+	Value []byte // the job's answer, as a Handler returns it
+	Err   error  // the job's final answer, not retried (unlike the batch's error)
 }
 
 // DeadLetter is a job that failed on every delivery, with its last error.
 type DeadLetter struct {
-	Job Job
-	Err error
+	Job Job   // as its last delivery got it
+	Err error // what the last delivery returned
 }
 
 // Config configures a [Queue]. Exactly one of Handler and BatchHandler must be
@@ -188,9 +188,13 @@ var (
 // from one process to many instances without change (the handlers must then
 // be idempotent: see the package doc).
 type Backend interface {
+	// Submit puts a job for key in its partition and waits for its result.
 	Submit(ctx context.Context, key string, payload []byte) ([]byte, error)
+	// Enqueue puts a job for key in its partition and returns.
 	Enqueue(ctx context.Context, key string, payload []byte) error
+	// Run consumes partitions until ctx ends or Close is called.
 	Run(ctx context.Context) error
+	// Close stops taking jobs and waits for Run's workers, until ctx ends.
 	Close(ctx context.Context) error
 }
 

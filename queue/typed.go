@@ -8,7 +8,9 @@ import (
 
 // A Codec turns values into payloads and back.
 type Codec interface {
+	// Marshal encodes v as a job's payload or answer.
 	Marshal(v any) ([]byte, error)
+	// Unmarshal decodes data into v, a pointer.
 	Unmarshal(data []byte, v any) error
 }
 

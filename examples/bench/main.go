@@ -15,8 +15,8 @@
 //
 // Three more are where the guards differ in a service: a decrement whose fn
 // waits 2 ms between its read and its write (a call to another service),
-// each process on a pool of 10 connections, from at least 8 workers, on
-// spread keys: "think"; "mixed", with 30% of the calls on one hot key and
+// each process on a pool of 10 connections, from the run's largest worker
+// count (64 by default; at least 8), on spread keys: "think"; "mixed", with 30% of the calls on one hot key and
 // the rest on the others (the report gives the hot key's ops/s and the cold
 // keys' p99 apart); and "shift-think", shift with the wait. They run raw
 // (the locked transaction written by hand), pessimistic, pessimistic-noqueue,

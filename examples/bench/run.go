@@ -59,7 +59,8 @@ func (c cell) keyChoice() string {
 //
 // The think workloads are there to show what a waiter holds: they run their
 // strategies on spread keys (mixed makes one of them hot), from at least 8
-// workers, and only they run pessimistic-noqueue.
+// workers (and only at the run's largest count, see Run), and only they run
+// pessimistic-noqueue.
 func (c cell) inGrid() bool {
 	switch {
 	case thinks(c.Workload):
@@ -193,6 +194,11 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	for _, wl := range o.Workloads {
 		for _, k := range o.Keys {
 			for _, w := range o.Workers {
+				if thinks(wl) && w != slices.Max(o.Workers) {
+					// A waiter's hold on a connection shows when workers
+					// outnumber the pool: the largest count says it.
+					continue
+				}
 				for _, s := range o.Strategies {
 					if c := (cell{Workload: wl, Strategy: s, Keys: k, Workers: w, Processes: o.Processes}); c.inGrid() {
 						cells = append(cells, c)

@@ -19,6 +19,10 @@
 // named by CONTEND_REDIS_URL (default redis://127.0.0.1:6379/0), and works in
 // a schema and under a key prefix of its own, removed at the end.
 //
+// The instances report their locks' events through otelcontend, the
+// OpenTelemetry Observer, into an in-memory metric reader; the story ends by
+// reading the conflicts and the lost lock it recorded.
+//
 // Run with no arguments, it runs three instances for a few periods, then
 // plays a stalled holder, and exits non-zero if anything went otherwise than
 // described:
@@ -44,10 +48,13 @@ import (
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" driver
 	"github.com/jmoiron/sqlx"
 	"github.com/redis/go-redis/v9"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
 	"github.com/contend/contend/distlock"
+	"github.com/contend/contend/otelcontend"
 )
 
 func main() {
@@ -88,6 +95,15 @@ func run(ctx context.Context, out io.Writer, periods int, period time.Duration) 
 		return fmt.Errorf("create tables: %w", err)
 	}
 	prefix := "settlement:" + randomID() + ":"
+	// A real service would export these to its collector; the story reads
+	// them back at the end.
+	reader := sdkmetric.NewManualReader()
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { err = errors.Join(err, meters.Shutdown(context.WithoutCancel(ctx))) }()
+	obs, err := otelcontend.New(meters, nil)
+	if err != nil {
+		return err
+	}
 
 	var instances []*instance
 	defer func() {
@@ -96,7 +112,7 @@ func run(ctx context.Context, out io.Writer, periods int, period time.Duration) 
 		}
 	}()
 	for _, name := range []string{"A", "B", "C"} {
-		in, err := startInstance(name, dbURL, redisURL, prefix, period)
+		in, err := startInstance(name, dbURL, redisURL, prefix, period, obs)
 		if err != nil {
 			return err
 		}
@@ -119,6 +135,9 @@ func run(ctx context.Context, out io.Writer, periods int, period time.Duration) 
 	if err := d.checkLedger(ctx, db, periods+1); err != nil {
 		return err
 	}
+	if err := d.checkMetrics(ctx, reader); err != nil {
+		return err
+	}
 	if d.failed > 0 {
 		return fmt.Errorf("%d of %d expectations failed", d.failed, d.checked)
 	}
@@ -135,7 +154,7 @@ type instance struct {
 	locks *distlock.Client
 }
 
-func startInstance(name, dbURL, redisURL, prefix string, period time.Duration) (*instance, error) {
+func startInstance(name, dbURL, redisURL, prefix string, period time.Duration, obs contend.Observer) (*instance, error) {
 	db, err := sqlx.Open("pgx", dbURL)
 	if err != nil {
 		return nil, err
@@ -150,7 +169,7 @@ func startInstance(name, dbURL, redisURL, prefix string, period time.Duration) (
 	// The lease is one period: a crashed instance delays the next period's
 	// run, never skips it. FailFast: an instance that finds the job running
 	// skips the period rather than queueing to run it again.
-	locks, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, TTL: period, FailFast: true})
+	locks, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, TTL: period, FailFast: true, Observer: obs})
 	if err != nil {
 		rdb.Close()
 		db.Close()
@@ -331,6 +350,31 @@ func (d *demo) checkLedger(ctx context.Context, db *sqlx.DB, periods int) error 
 	}
 	fmt.Fprintln(d.out)
 	d.expect(once, "the ledger shows each of the %d periods settled exactly once", periods)
+	return nil
+}
+
+// checkMetrics reads what the instances' Observer recorded: the periods an
+// instance found the job running are conflicts, and the stalled holder's
+// lock is the one loss.
+func (d *demo) checkMetrics(ctx context.Context, reader *sdkmetric.ManualReader) error {
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		return err
+	}
+	sums := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if c, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, p := range c.DataPoints {
+					sums[m.Name] += p.Value
+				}
+			}
+		}
+	}
+	fmt.Fprintf(d.out, "OpenTelemetry (otelcontend): contend.conflicts %d, contend.losses %d\n",
+		sums["contend.conflicts"], sums["contend.losses"])
+	d.expect(sums["contend.conflicts"] >= 1, "the metrics count the conflicts of instances that found the job running")
+	d.expect(sums["contend.losses"] == 1, "the metrics count one lost lock, the stalled holder's")
 	return nil
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/waitfor"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -37,6 +38,28 @@ func awaitRefreshes(t *testing.T, h *keepalive.Hold, enough <-chan struct{}, msg
 	}
 }
 
+// waitIdle waits until no refresh of timers is under way: every refresh
+// call the test made has returned (the test released any stuck one), so the
+// goroutines that ran them must end at once.
+func waitIdle(t *testing.T, timers *keepalive.Timers) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), lateTimer)
+	defer cancel()
+	require.NoError(t, timers.Wait(ctx), "a refresh goroutine did not end after its call returned")
+}
+
+// lateTimer is how late past its due time a timer may fire on a loaded runner
+// under the race detector before a test calls it broken.
+const lateTimer = time.Second
+
+// awaitLost waits until h is lost, which must be by valid, its lease's
+// validity: the timer keeps that deadline whatever its refreshes do. It fails
+// with msg if h is still not lost lateTimer after it.
+func awaitLost(t *testing.T, h *keepalive.Hold, valid time.Time, msg string) {
+	t.Helper()
+	waitfor.Recv(t, h.Context().Done(), time.Until(valid)+lateTimer, msg)
+}
+
 func TestRefreshesWhileHeld(t *testing.T) {
 	t.Parallel()
 	var timers keepalive.Timers
@@ -51,10 +74,12 @@ func TestRefreshesWhileHeld(t *testing.T) {
 func TestLostWhenTheTokenIsGone(t *testing.T) {
 	t.Parallel()
 	var timers keepalive.Timers
-	h := timers.Start(t.Context(), time.Now(), 30*time.Millisecond, func(context.Context) (bool, error) {
+	const ttl = 30 * time.Millisecond
+	start := time.Now()
+	h := timers.Start(t.Context(), start, ttl, func(context.Context) (bool, error) {
 		return false, nil
 	})
-	<-h.Context().Done()
+	awaitLost(t, h, start.Add(ttl), "a refresh found the lease gone, and the hold went on")
 	require.ErrorIs(t, context.Cause(h.Context()), contend.ErrLockLost)
 	require.ErrorIs(t, h.Stop(), contend.ErrLockLost)
 }
@@ -68,7 +93,7 @@ func TestLostWhenRefreshesFailPastValidity(t *testing.T) {
 	const ttl = 60 * time.Millisecond
 	start := time.Now()
 	h := timers.Start(t.Context(), start, ttl, func(context.Context) (bool, error) { return false, down })
-	<-h.Context().Done()
+	awaitLost(t, h, start.Add(ttl), "every refresh failed, and the hold outlived its lease")
 	require.GreaterOrEqual(t, time.Since(start), ttl, "lost before the lease could have expired")
 	err := h.Stop()
 	require.ErrorIs(t, err, contend.ErrLockLost)
@@ -81,7 +106,8 @@ func TestStopsWithTheCaller(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	h := timers.Start(ctx, time.Now(), time.Hour, func(context.Context) (bool, error) { return true, nil })
 	cancel()
-	<-h.Context().Done()
+	// The work's ctx is the caller's child: it ends with it, at once.
+	waitfor.Recv(t, h.Context().Done(), lateTimer, "the caller gave up, and the work's ctx went on")
 	require.NoError(t, h.Stop(), "the caller giving up is not a lost lease")
 }
 
@@ -93,11 +119,12 @@ func TestNoRefreshAfterStop(t *testing.T) {
 	var timers keepalive.Timers
 	stuck := newStuck(t)
 	// Valid for 300ms, refreshed from 100ms: Stop comes while it is valid.
-	h := timers.Start(t.Context(), time.Now(), 300*time.Millisecond, stuck.refresh)
-	stuck.await(t, h) // a refresh is under way
+	start := time.Now()
+	h := timers.Start(t.Context(), start, 300*time.Millisecond, stuck.refresh)
+	stuck.await(t, h, start.Add(300*time.Millisecond)) // a refresh is under way
 	require.NoError(t, h.Stop())
 	stuck.release()
-	require.NoError(t, timers.Wait(t.Context()))
+	waitIdle(t, &timers)
 	require.Zero(t, timers.Queued(), "the refresh under way queued the hold again")
 	require.EqualValues(t, 1, stuck.calls.Load())
 	require.ErrorIs(t, context.Cause(h.Context()), context.Canceled)
@@ -156,10 +183,10 @@ func TestSlowRefreshDelaysNoOther(t *testing.T) {
 	other := timers.Start(t.Context(), now, heldTTL, refresh)
 	awaitRefreshes(t, other, enough, "a hanging refresh held up another hold's")
 	require.NoError(t, other.Stop())
-	<-slow.Context().Done()
+	awaitLost(t, slow, now.Add(heldTTL), "the hold whose refresh hangs was not lost when its lease's validity passed")
 	require.ErrorIs(t, slow.Stop(), contend.ErrLockLost)
 	slowRefresh.release()
-	require.NoError(t, timers.Wait(t.Context()))
+	waitIdle(t, &timers)
 }
 
 // Many holds started and stopped at once on one Timers each get their
@@ -194,7 +221,7 @@ func TestManyHoldsShareTimers(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.NoError(t, timers.Wait(t.Context()))
+	waitIdle(t, &timers)
 	require.Zero(t, timers.Queued(), "a stopped hold stayed queued")
 }
 
@@ -239,13 +266,17 @@ func newStuck(t *testing.T) *stuckRefresh {
 }
 
 // await waits until a refresh of h began, failing at once if h is lost
-// first (a runner so loaded that its timer fired only past the validity).
-func (s *stuckRefresh) await(t *testing.T, h *keepalive.Hold) {
+// first (a runner so loaded that its timer fired only past the validity),
+// and if neither has happened by valid, h's lease's validity: by then the
+// timer must have started a refresh or lost the hold.
+func (s *stuckRefresh) await(t *testing.T, h *keepalive.Hold, valid time.Time) {
 	t.Helper()
 	select {
 	case <-s.began:
 	case <-h.Context().Done():
 		t.Fatalf("lost before a refresh began: %v", context.Cause(h.Context()))
+	case <-time.After(time.Until(valid) + lateTimer):
+		t.Fatalf("no refresh began, and the hold was not lost, %v after its lease's validity: the timer never fired", lateTimer)
 	}
 }
 
@@ -272,7 +303,7 @@ func TestLostAtValidityWhileRefreshIsStuck(t *testing.T) {
 	obtained := time.Now()
 	valid := obtained.Add(ttl)
 	h := timers.Start(t.Context(), obtained, ttl, stuck.refresh)
-	stuck.await(t, h) // the first refresh, due at ttl/3, is stuck
+	stuck.await(t, h, valid) // the first refresh, due at ttl/3, is stuck
 	require.NoError(t, h.Context().Err(), "lost while the lease was still valid")
 	select {
 	case <-h.Context().Done():
@@ -289,7 +320,7 @@ func TestLostAtValidityWhileRefreshIsStuck(t *testing.T) {
 	require.EqualValues(t, 1, stuck.calls.Load(), "a second refresh began while one was stuck")
 	require.ErrorIs(t, h.Stop(), contend.ErrLockLost)
 	stuck.release()
-	require.NoError(t, timers.Wait(t.Context()))
+	waitIdle(t, &timers)
 }
 
 // Stop returns at once while a refresh is stuck, and what that refresh
@@ -298,11 +329,14 @@ func TestLostAtValidityWhileRefreshIsStuck(t *testing.T) {
 // Not parallel: it measures how long Stop takes.
 func TestStopDoesNotWaitForAStuckRefresh(t *testing.T) {
 	var timers keepalive.Timers
-	require.NoError(t, timers.Wait(t.Context()), "nothing to wait for before any hold")
+	idle, cancelIdle := context.WithTimeout(t.Context(), lateTimer)
+	defer cancelIdle()
+	require.NoError(t, timers.Wait(idle), "nothing to wait for before any hold")
 	stuck := newStuck(t)
 	// Valid for 300ms, refreshed from 100ms: Stop comes while it is valid.
-	h := timers.Start(t.Context(), time.Now(), 300*time.Millisecond, stuck.refresh)
-	stuck.await(t, h)
+	start := time.Now()
+	h := timers.Start(t.Context(), start, 300*time.Millisecond, stuck.refresh)
+	stuck.await(t, h, start.Add(300*time.Millisecond))
 
 	// On a goroutine, so that a Stop that waits fails the test instead of
 	// hanging it.
@@ -326,7 +360,7 @@ func TestStopDoesNotWaitForAStuckRefresh(t *testing.T) {
 	require.Zero(t, stuck.returned.Load())
 
 	stuck.release()
-	require.NoError(t, timers.Wait(t.Context()))
+	waitIdle(t, &timers)
 	require.EqualValues(t, 1, stuck.returned.Load(), "Wait returned before the refresh did")
 	require.Zero(t, timers.Queued(), "a refresh that returned after Stop queued the hold again")
 	require.ErrorIs(t, context.Cause(h.Context()), context.Canceled, "a refresh that returned after Stop changed the hold")
@@ -342,14 +376,14 @@ func TestLateSuccessDoesNotRevive(t *testing.T) {
 	const ttl = 90 * time.Millisecond
 	obtained := time.Now()
 	h := timers.Start(t.Context(), obtained, ttl, stuck.refresh)
-	stuck.await(t, h)
+	stuck.await(t, h, obtained.Add(ttl))
 	select {
 	case <-h.Context().Done():
 	case <-time.After(time.Until(obtained.Add(ttl)) + time.Second):
 		// Not lost in time: go on, to show the late success as well.
 	}
 	stuck.release() // it succeeds now, too late
-	require.NoError(t, timers.Wait(t.Context()))
+	waitIdle(t, &timers)
 	require.ErrorIs(t, context.Cause(h.Context()), contend.ErrLockLost, "a late success revived the hold")
 	require.ErrorIs(t, h.Stop(), contend.ErrLockLost)
 	require.Zero(t, timers.Queued(), "a lost hold stayed queued")

@@ -102,9 +102,14 @@ func takeOver(t *testing.T, client *redis.Client, prefix string, since time.Time
 		handled []string
 		moved   time.Duration
 	)
+	// Each job comes within what the test allows the partition to move in
+	// (TestKillConsumerMidJob), the later ones sooner: a job that does not
+	// come by then will not.
+	within := 3*killTTL + 2*time.Second
 	for len(handled) < 5 {
-		res, err := client.BLPop(t.Context(), 20*time.Second, prefix+"handled").Result()
-		require.NoError(t, err, "handled so far: %v", handled)
+		res, err := client.BLPop(t.Context(), within, prefix+"handled").Result()
+		require.NoError(t, err, "no job handled within %v of the last: the job the stopped consumer was in, or a later one, "+
+			"was lost (acknowledged before it was handled?), or the partition never moved; handled so far: %v", within, handled)
 		handled = append(handled, res[1])
 		if len(handled) == 3 {
 			moved = time.Since(since)

@@ -137,7 +137,9 @@ type Config struct {
 	Partitions int
 	// Handler or BatchHandler processes jobs, as in package queue. Only
 	// instances that Run need one.
-	Handler      queue.Handler
+	Handler queue.Handler
+	// BatchHandler processes consecutive jobs of a partition together; see
+	// Handler.
 	BatchHandler queue.BatchHandler
 	// MaxBatch is how many entries are read, and given to a BatchHandler,
 	// at once. Default: 100.

@@ -1,9 +1,14 @@
-// Package otelobserve turns the events of contend's guards into
-// OpenTelemetry metrics and spans: a [contend.Observer] kept out of the
-// library, so that importing contend never brings OpenTelemetry in.
+// Package otelcontend turns the events of contend's guards into
+// OpenTelemetry metrics and spans: a [contend.Observer] in a module of its
+// own (github.com/contend/contend/otelcontend), so that importing contend
+// never brings OpenTelemetry in.
 //
-//	obs, err := otelobserve.New(nil, nil) // the global providers
+//	obs, err := otelcontend.New(nil, nil) // the global providers
 //	locks, err := distlock.NewClient(rdb, distlock.Config{Observer: obs})
+//
+// The module is released with the root module, under tags
+// otelcontend/vX.Y.Z beside vX.Y.Z, and requires the root module at the
+// same version.
 //
 // Metrics, each with the attributes contend.strategy and contend.event:
 //
@@ -24,7 +29,7 @@
 // the caller's. An "obtained" span event marks when the key was got.
 // Retries, failures and dead letters become events of the span in ctx, if
 // there is one.
-package otelobserve
+package otelcontend
 
 import (
 	"context"
@@ -41,7 +46,7 @@ import (
 
 // ScopeName is the instrumentation scope of the Observer's meter and
 // tracer.
-const ScopeName = "github.com/contend/contend/examples/otelobserve"
+const ScopeName = "github.com/contend/contend/otelcontend"
 
 // Observer is a [contend.Observer] that records metrics and spans. It is
 // safe for simultaneous use by multiple goroutines.

@@ -1,10 +1,13 @@
-package otelobserve_test
+package otelcontend_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -12,17 +15,44 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/distlock"
-	"github.com/contend/contend/examples/otelobserve"
-	"github.com/contend/contend/internal/testserver"
+	"github.com/contend/contend/otelcontend"
 )
 
-func TestMain(m *testing.M) { testserver.Main(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// testRedis connects to the Redis that CONTEND_REDIS_URL names (default: the
+// local server on its standard port) and returns a key prefix of this test's
+// own, whose keys it deletes at cleanup.
+func testRedis(t *testing.T) (*redis.Client, string) {
+	t.Helper()
+	url := os.Getenv("CONTEND_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	opt, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { require.NoError(t, rdb.Close()) })
+	require.NoError(t, rdb.Ping(t.Context()).Err(),
+		"this test needs Redis: start redis-server on 127.0.0.1:6379 or set CONTEND_REDIS_URL")
+	prefix := fmt.Sprintf("otelcontend-test:%s:%d:", t.Name(), time.Now().UnixNano())
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, err := rdb.Keys(ctx, prefix+"*").Result()
+		require.NoError(t, err)
+		if len(keys) > 0 {
+			require.NoError(t, rdb.Del(ctx, keys...).Err())
+		}
+	})
+	return rdb, prefix
+}
 
 type env struct {
-	obs    *otelobserve.Observer
+	obs    *otelcontend.Observer
 	reader *sdkmetric.ManualReader
 	spans  *tracetest.SpanRecorder
 	tracer trace.Tracer // the application's, for the callers' spans
@@ -38,7 +68,7 @@ func setup(t *testing.T) env {
 		require.NoError(t, tp.Shutdown(context.Background()))
 		require.NoError(t, mp.Shutdown(context.Background()))
 	})
-	obs, err := otelobserve.New(mp, tp)
+	obs, err := otelcontend.New(mp, tp)
 	require.NoError(t, err)
 	return env{obs: obs, reader: reader, spans: spans, tracer: tp.Tracer("test")}
 }
@@ -51,7 +81,7 @@ func (e env) metrics(t *testing.T) map[string]int64 {
 	require.NoError(t, e.reader.Collect(t.Context(), &rm))
 	got := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
-		require.Equal(t, otelobserve.ScopeName, sm.Scope.Name)
+		require.Equal(t, otelcontend.ScopeName, sm.Scope.Name)
 		for _, m := range sm.Metrics {
 			switch d := m.Data.(type) {
 			case metricdata.Histogram[float64]:
@@ -73,7 +103,7 @@ func (e env) metrics(t *testing.T) map[string]int64 {
 // cover each call from its start.
 func TestDistlockEventsBecomeMetricsAndSpans(t *testing.T) {
 	e := setup(t)
-	rdb, prefix := testserver.Redis(t)
+	rdb, prefix := testRedis(t)
 	c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, Observer: e.obs})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
