@@ -57,14 +57,16 @@ type Client struct {
 	cfg     Config
 	channel string // where releases tell this client's waiters to look
 
-	local [localShards]keyShard // what this client knows of its keys: see local.go
+	local [localShards]keyShard // what this client knows of its keys: see line.go
 	seed  maphash.Seed
 	calls *scriptbatch.Sender
 	holds keepalive.Timers
 	clock releaseClock
+	// cleanups counts the leaves under way that no caller waits for.
+	cleanups group
 
 	mu      sync.Mutex                 // protects the fields below
-	waiters map[string]*waiter         // by token
+	waiters map[string]*waiter         // by token: whom a release's message wakes, no more
 	sub     atomic.Pointer[subscriber] // nil until the first wait; set under mu
 	closed  atomic.Bool                // set under mu; read without it on every obtain
 	closing chan struct{}              // closed by Close
@@ -131,8 +133,9 @@ func (c *Client) TryObtain(ctx context.Context, key string, ttl time.Duration) (
 // Obtain locks key for ttl, waiting while it is held: in line behind earlier
 // waiters, woken when the lock is handed to it. It gives up when ctx ends or
 // Config.MaxWait passes, with an error matching both [contend.ErrConflict]
-// and ctx's error ([context.Canceled] or [context.DeadlineExceeded]), after
-// leaving the queue. A Redis error ends the wait too and is returned as it
+// and ctx's error ([context.Canceled] or [context.DeadlineExceeded]) at
+// once; its place in the queue, and a lock handed to it meanwhile, are given
+// up by the Client in the background, which [Client.Close] waits for. A Redis error ends the wait too and is returned as it
 // is. Most callers should use [Client.Do], which also refreshes and
 // releases.
 func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
@@ -163,7 +166,8 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 }
 
 // Close stops the client's subscription and waits, until ctx ends, for its
-// goroutine, and for Redis calls that callers stopped waiting for, to
+// goroutine, for the waits it ends and the clean-up in Redis of callers
+// who gave up, and for Redis calls that callers stopped waiting for, to
 // finish. Waits in progress end with [ErrClosed]; locks already held stay
 // valid and can still be released. Close is idempotent and works on a
 // client that never subscribed. It does not close the Redis client.
@@ -193,7 +197,7 @@ func (c *Client) Close(ctx context.Context) error {
 			return fmt.Errorf("distlock: close: %w", context.Cause(ctx))
 		}
 	}
-	if err := errors.Join(c.calls.Close(ctx), c.holds.Wait(ctx)); err != nil {
+	if err := errors.Join(c.cleanups.wait(ctx), c.calls.Close(ctx), c.holds.Wait(ctx)); err != nil {
 		return fmt.Errorf("distlock: close: %w", err)
 	}
 	return nil
@@ -218,45 +222,52 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	keys := c.keys(key)
-	tok := token.New()
+	w := &waiter{tok: token.New(), ttl: ttl}
 	if wait {
 		// Behind this client's head for the key, the waiter defers; else it
 		// becomes the head, and on a key that made this client's last waiter
 		// queue, it goes straight to the queue, without a take bound to fail.
-		w, busy, err := c.join(key, tok, ttl)
-		if err != nil {
-			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
-		}
-		if w != nil || busy {
-			return c.wait(ctx, key, keys, tok, ttl, w, 0)
+		var deferred, busy bool
+		c.onLine(key, func(l *line) {
+			w.wake = make(chan grant, 1)
+			deferred, busy, _ = l.join(w, time.Now())
+		})
+		if deferred || busy {
+			return c.wait(ctx, key, keys, w, !deferred, 0)
 		}
 	}
-	l, err := c.take(ctx, key, keys, tok, ttl)
+	l, err := c.take(ctx, key, keys, w)
 	if l == nil && err == nil && wait {
-		return c.wait(ctx, key, keys, tok, ttl, nil, 1)
+		return c.wait(ctx, key, keys, w, true, 1)
 	}
 	switch {
 	case err != nil:
-		// The script may have run and only the reply been lost: let go of
-		// whatever it may have taken rather than leave it for the TTL.
-		c.leave(ctx, key, keys, tok)
-		if cause := ctxerr.Of(ctx); wait && cause != nil {
-			// Obtain's ctx ended before it had the lock: a wait cut short,
-			// whether or not it had begun.
-			err := fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
-			reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, time.Time{}, 1, err)
-			return nil, err
-		}
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+		return nil, c.takeFailed(ctx, key, keys, w, wait, err)
 	case l == nil:
 		err := fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
 		reportMiss(ctx, c.cfg.Observer, contend.EventConflict, key, time.Time{}, 1, err)
 		return nil, err
 	}
-	c.setHolder(key, tok, l.ValidUntil())
+	c.onLine(key, func(ln *line) { ln.obtained(w, l.ValidUntil(), false) })
 	// The take's attempt began when the call did, give or take the checks.
 	l.reportObtained(ctx, l.ValidUntil().Add(-(ttl - c.margin(ttl))), 1)
 	return l, nil
+}
+
+// takeFailed cleans up after w's take, which failed with err, and returns
+// the error of the obtain (wait: an Obtain).
+func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *waiter, wait bool, err error) error {
+	// The script may have run and only the reply been lost: let go of
+	// whatever it may have taken rather than leave it for the TTL.
+	c.depart(ctx, key, keys, w)
+	if cause := ctxerr.Of(ctx); wait && cause != nil {
+		// Obtain's ctx ended before it had the lock: a wait cut short,
+		// whether or not it had begun.
+		err := fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
+		reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, time.Time{}, 1, err)
+		return err
+	}
+	return fmt.Errorf("distlock: obtain %q: %w", key, err)
 }
 
 // take is the common obtain, of a free key: a small script sets the lock
@@ -266,11 +277,14 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 //
 // A key whose holder's lease ran out while others were queued for it is
 // free, and take gives it to the caller rather than to the oldest waiter:
-// the one place a newcomer can go first. The waiters are served by the
-// newcomer's release, or find the key free when they check.
-func (c *Client) take(ctx context.Context, key string, keys []string, tok string, ttl time.Duration) (*Lock, error) {
+// the one place a newcomer can go first. The lock is then marked, so that
+// the newcomer's release serves the waiters.
+func (c *Client) take(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
 	began := time.Now()
-	fence, err := c.run(ctx, takeScript, keys[:2], takeArgs{token: tok, ttl: ttl}.argv()).Int64()
+	tok, ttl := w.tok, w.ttl
+	cmd, ended := c.calls.Start(ctx, takeScript, keys[:3], takeArgs{token: tok, ttl: ttl}.argv()...)
+	w.ended = ended
+	fence, err := cmd.Int64()
 	switch {
 	case err != nil:
 		return nil, err // the caller's clean-up releases what it may have taken
@@ -285,12 +299,15 @@ func (c *Client) take(ctx context.Context, key string, keys []string, tok string
 // attempt runs the acquire script once, queueing the caller if wait and
 // the key is held. It returns the lock when the caller holds it, nil when
 // not.
-func (c *Client) attempt(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, wait bool) (*Lock, error) {
+func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter, wait bool) (*Lock, error) {
 	began := time.Now()
-	res, err := c.run(ctx, acquireScript, keys, acquireArgs{
+	tok, ttl := w.tok, w.ttl
+	cmd, ended := c.calls.Start(ctx, acquireScript, keys, acquireArgs{
 		token: tok, ttl: ttl, wait: wait, channel: c.channel,
 		waiterLease: c.waiterLease(), grantLease: c.grantLease(ttl),
-	}.argv()).Int64Slice()
+	}.argv()...)
+	w.ended = ended
+	res, err := cmd.Int64Slice()
 	if err != nil {
 		return nil, err
 	}
@@ -325,15 +342,15 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 	gone := func(reply int64) bool {
 		return reply == replyReleased || reply == replyGone && began.Before(l.ValidUntil())
 	}
-	first, inTurn := c.takeAlong(l.key, l.token)
-	if l.taken && first == nil {
+	along, inTurn := c.takeAlong(l.key, l.token)
+	if l.taken && along == nil {
 		n, err := c.run(ctx, freeScript, l.keys[:2], freeArgs{token: l.token, fence: l.fence}.argv()).Int64()
 		if err != nil || n != replyQueued {
-			c.dropHead(l.key, l.token)
+			c.endRelease(ctx, l.key, l.keys, l.token, nil, outcome{lost: err != nil}, nil)
 			return gone(n), err
 		}
 	}
-	reply, err := c.runRelease(ctx, l.key, l.keys, releaseArgs{token: l.token, fence: l.fence}, first, inTurn)
+	reply, err := c.runRelease(ctx, l.key, l.keys, releaseArgs{token: l.token, fence: l.fence}, along, inTurn)
 	return gone(reply), err
 }
 

@@ -159,13 +159,18 @@ func (cfg Config) withDefaults() (Config, error) {
 	return cfg, nil
 }
 
+// MaxDuration bounds every duration of a [Config] or [QuorumConfig] and
+// every lease asked for: a year. Past it, the deadlines and leases made
+// from them (three Rechecks, a deadline MaxWait from now) could overflow.
+const MaxDuration = 365 * 24 * time.Hour
+
 // common checks and fills in the fields that Config and QuorumConfig (what)
-// share, and refuses a negative value of the others.
+// share, and refuses a negative or too large value of the others.
 func common(what string, prefix *string, ttl, maxWait *time.Duration, others map[string]time.Duration) error {
 	others["TTL"], others["MaxWait"] = *ttl, *maxWait
 	for name, d := range others {
-		if d < 0 {
-			return fmt.Errorf("distlock: %s.%s %v is negative: %w", what, name, d, contend.ErrInvalid)
+		if d < 0 || d > MaxDuration {
+			return fmt.Errorf("distlock: %s.%s %v is negative or above MaxDuration: %w", what, name, d, contend.ErrInvalid)
 		}
 	}
 	if *prefix == "" {
@@ -187,8 +192,8 @@ func common(what string, prefix *string, ttl, maxWait *time.Duration, others map
 }
 
 func checkTTL(what string, ttl time.Duration) error {
-	if ttl < MinTTL {
-		return fmt.Errorf("distlock: %s %v is below the minimum of %v: %w", what, ttl, MinTTL, contend.ErrInvalid)
+	if ttl < MinTTL || ttl > MaxDuration {
+		return fmt.Errorf("distlock: %s %v is outside [%v, %v]: %w", what, ttl, MinTTL, MaxDuration, contend.ErrInvalid)
 	}
 	return nil
 }

@@ -43,18 +43,14 @@
 // shows it). Work whose effects cannot carry a token must finish well within
 // the TTL, or be idempotent.
 //
-// The fencing counter is as durable as Redis is. Without persistence a
-// restart loses it; a missing counter therefore starts from the server's
-// clock in microseconds, not from 1, in the same script that takes the
-// lock, so tokens keep increasing across a restart as long as that clock
-// does not go back. For the same reason a counter may expire: it lives a
-// day after its lock was last obtained or refreshed, and starts again from
-// the clock, which has moved on by more than the counter did as long as the
-// key averaged fewer than a million acquisitions a second. A failover to a
-// replica that had not received the last increments can hand out a token
-// again: WAIT after the increment narrows that window (the replica has it
-// before the holder proceeds) but is no consensus, and this package does not
-// issue it.
+// The fencing counter is as durable as Redis is: a restart without
+// persistence loses it, one from an older snapshot sets it back, a
+// failover to a replica that missed the last increments too. So every
+// token is also at least the server's clock in microseconds, in the same
+// script that takes the lock: tokens keep increasing across all of these
+// as long as that clock does not go back and the key averages fewer than
+// a million acquisitions a second. For the same reason a counter may
+// expire: it lives a day after its lock was last obtained or refreshed.
 //
 // One Redis gives no fault tolerance: when it restarts without persistence,
 // or fails over to a replica that missed the lock, the lock is forgotten and
@@ -93,7 +89,7 @@
 // its own process's release, so that nobody who may PUBLISH on a shared
 // Redis can hand it a lock. A waiter whose process died blocks the key for
 // the grant lease only. A waiter that gives up leaves the queue and passes
-// on a reservation it got meanwhile, in one script, even after its ctx
+// on a reservation or lock it got meanwhile, in one script, after its ctx
 // ended; a timed re-check (Config.Recheck) covers lost messages and dead
 // holders; while the subscription is down, waiters poll with jittered
 // backoff. Every wait ends with ctx or Config.MaxWait; the error then

@@ -7,7 +7,7 @@ func Deferred(c *Client, key string) int {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if st := sh.keys[key]; st != nil {
-		return len(st.deferred)
+		return len(st.behind)
 	}
 	return 0
 }
@@ -26,3 +26,14 @@ func Known(c *Client) int {
 
 // Listening reports whether c's subscription is confirmed.
 func Listening(c *Client) bool { return c.listening() }
+
+// The scripts a test's go-redis hook may stop.
+var (
+	ReleaseScript = releaseScript
+	PassScript    = passScript
+	AcquireScript = acquireScript
+	TakeScript    = takeScript
+
+	QuorumLockScript   = quorumLockScript
+	QuorumUnlockScript = quorumUnlockScript
+)

@@ -4,133 +4,208 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"sync"
 	"time"
 )
 
-// The releaser's side of the protocol: a release takes along the first
-// waiter deferred behind it here, and hands the lock on, in this client's
-// turn without a look at Redis's queue (pass.lua), else by release.lua.
-// The line's states and transitions are local.go's.
+// The Client's side of its lines (line.go): it asks a key's line, sends
+// what the line says to Redis, and reports the reply back. Hand-overs take
+// along the first waiter deferred behind the releaser here, in this
+// client's turn by pass.lua without a look at Redis's queue, else by
+// release.lua.
+
+// event runs ev on key's line and returns the step it asks for.
+func (c *Client) event(key string, ev func(l *line) step) (s step) {
+	c.onLine(key, func(l *line) { s = ev(l) })
+	return s
+}
+
+// act does what a step of key's line asks: wakes waiters, and gives up in
+// Redis, detached, what a departed waiter may have there, once after has
+// closed (nil: at once).
+func (c *Client) act(ctx context.Context, key string, keys []string, s step, after <-chan struct{}) {
+	handed := false
+	for _, u := range s.wakes {
+		wake(u.w, u.g)
+		handed = handed || u.g.fence > 0
+	}
+	for _, tok := range s.leave {
+		c.cleanUp(ctx, key, keys, tok, after)
+	}
+	if handed {
+		// Give the new holder this processor, as sync.Mutex's Unlock does
+		// in its starvation mode: on a hot key the hand-over is what every
+		// waiter waits for, and the woken goroutine would otherwise wait
+		// until this one blocks, or for another thread to steal it.
+		runtime.Gosched()
+	}
+}
 
 // grantLease is how long a release reserves the lock for a waiter for ttl
 // of another process, until the waiter's attempt turns it into a hold.
 func (c *Client) grantLease(ttl time.Duration) time.Duration { return min(c.cfg.GrantLease, ttl) }
 
 // takeAlong returns the waiter deferred here behind tok that its release
-// takes along (see runRelease), if any, and whether it is in this client's
-// turn. None while the subscription is unconfirmed: a waiter taken along
-// may be queued, and a message published to it then would be lost.
-func (c *Client) takeAlong(key, tok string) (*waiter, bool) {
+// takes along, if any, and whether it is in this client's turn. None while
+// the subscription is unconfirmed: a waiter taken along may be queued, and
+// a message published to it then would be lost.
+func (c *Client) takeAlong(key, tok string) (along *waiter, inTurn bool) {
 	if !c.listening() {
 		return nil, false
 	}
-	return c.beginRelease(key, tok)
+	c.onLine(key, func(l *line) { along, inTurn = l.beginRelease(tok) })
+	return along, inTurn
+}
+
+// endRelease reports the reply o to tok's release, which took along, to
+// key's line, and acts on what the line says; a clean-up waits for ended,
+// which closes when the release's call has ended (see scriptbatch.Start).
+func (c *Client) endRelease(ctx context.Context, key string, keys []string, tok string, along *waiter, o outcome, ended <-chan struct{}) {
+	c.act(ctx, key, keys, c.event(key, func(l *line) step {
+		s, _ := l.endRelease(tok, along, o)
+		return s
+	}), ended)
+}
+
+// depart reports that w's caller returns without the lock, and gives up
+// what w may have in Redis once w's last call has ended.
+func (c *Client) depart(ctx context.Context, key string, keys []string, w *waiter) {
+	c.act(ctx, key, keys, c.event(key, func(l *line) step {
+		s, _ := l.depart(w)
+		return s
+	}), w.ended)
 }
 
 // runRelease runs the release script for a.token, the holder or a waiter
-// giving up, and returns what it says of the token's hold (see
-// releaseArgs). first, the waiter that takeAlong gave, goes along: if the
-// lock goes to another process's waiter, first is queued in Redis and the
-// other waiters here defer behind it; if it goes to a waiter of this client
-// (the oldest in Redis's queue, or first, in turn or when nobody is queued
-// there), they all defer behind that one, which the release wakes itself.
-func (c *Client) runRelease(ctx context.Context, key string, keys []string, a releaseArgs, first *waiter, inTurn bool) (int64, error) {
-	if first != nil && inTurn && !a.givingUp {
-		held, err := c.pass(ctx, key, keys, a.token, first)
-		if err != nil {
-			return replyNotHeld, err
-		}
-		if held {
+// giving up, with along, and returns what it says of the token's hold
+// (see releaseArgs).
+func (c *Client) runRelease(ctx context.Context, key string, keys []string, a releaseArgs, along *waiter, inTurn bool) (int64, error) {
+	if along != nil && inTurn && !a.givingUp {
+		o, ended, err := c.pass(ctx, keys, a.token, along)
+		if err != nil || o.next != "" {
+			c.endRelease(ctx, key, keys, a.token, along, o, ended)
+			if err != nil {
+				return replyNotHeld, err
+			}
 			return replyReleased, nil
 		}
 		// a.token no longer holds the lock: the release script finds out
-		// what became of it, and what first should do.
+		// what became of it, and what along should do.
 	}
 	a.channel, a.waiterLease = c.channel, c.waiterLease()
-	if first != nil {
-		a.next, a.nextInTurn, a.nextGrant = first, inTurn, c.grantLease(first.ttl)
+	if along != nil {
+		a.next, a.nextInTurn, a.nextGrant = along, inTurn, c.grantLease(along.ttl)
 	}
 	began := time.Now()
-	res, err := c.run(ctx, releaseScript, keys, a.argv()).Slice()
+	cmd, ended := c.calls.Start(ctx, releaseScript, keys, a.argv()...)
+	res, err := cmd.Slice()
 	if err == nil && len(res) != 3 {
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
 	if err != nil {
-		c.unsure(key, a.token, first)
+		c.endRelease(ctx, key, keys, a.token, along, outcome{lost: true}, ended)
 		return replyNotHeld, err
 	}
 	held, _ := res[0].(int64)
 	msg, _ := res[1].(string)
 	turnPass, _ := res[2].(int64)
-	if msg == "" {
-		c.endRelease(key, a.token, first, "", time.Time{}, false)
-		return held, nil
+	o := outcome{at: began, inTurn: turnPass == 1}
+	if msg != "" {
+		var g grant
+		o.next, g = parseGrant(msg)
+		o.fence, o.lost = g.fence, g.fence == 0
 	}
-	next, g := parseGrant(msg)
-	c.handedOver(ctx, key, keys, a.token, first, next, g, began, turnPass == 1)
+	c.endRelease(ctx, key, keys, a.token, along, o, nil)
 	return held, nil
 }
 
-// pass hands the lock from tok to first, its client's next waiter in its
+// pass hands the lock from tok to along, its client's next waiter in its
 // turn, by the pass script: the common hand-over on a key this client's
-// goroutines share, at the cost of a take. It reports false, having
-// changed nothing, when tok no longer holds the lock.
-func (c *Client) pass(ctx context.Context, key string, keys []string, tok string, first *waiter) (bool, error) {
+// goroutines share, at the cost of a take. Its outcome names no holder,
+// having changed nothing, when tok no longer holds the lock.
+func (c *Client) pass(ctx context.Context, keys []string, tok string, along *waiter) (outcome, <-chan struct{}, error) {
 	began := time.Now()
-	fence, err := c.run(ctx, passScript, keys[:2], passArgs{holder: tok, next: first.tok, nextTTL: first.ttl}.argv()).Int64()
-	if err != nil {
-		c.unsure(key, tok, first)
-		return false, err
+	cmd, ended := c.calls.Start(ctx, passScript, keys[:2], passArgs{holder: tok, next: along.tok, nextTTL: along.ttl}.argv()...)
+	fence, err := cmd.Int64()
+	switch {
+	case err != nil:
+		return outcome{lost: true}, ended, err
+	case fence == 0:
+		return outcome{}, nil, nil
 	}
-	if fence == 0 {
-		return false, nil
-	}
-	c.handedOver(ctx, key, keys, tok, first, first.tok, grant{fence: fence}, began, true)
-	return true, nil
+	return outcome{next: along.tok, fence: fence, at: began, inTurn: true}, nil, nil
 }
 
-// unsure ends a release of tok whose script may or may not have run (its
-// reply was an error): tok is no longer this client's head for key, and
-// its waiters, first among them, check with Redis by themselves.
-func (c *Client) unsure(key, tok string, first *waiter) {
-	c.dropHead(key, tok)
-	if first != nil {
-		wake(first, grant{})
-	}
+// leave removes tok from key's queue and releases the lock if tok holds it
+// (or it is reserved for tok), handing it to the next waiter: for a waiter
+// that gave up, an attempt whose reply was lost, and a lock handed to a
+// waiter that had left. Failures are left to the leases (the queue entry
+// and the reservation expire by themselves).
+func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
+	along, inTurn := c.takeAlong(key, tok)
+	_, _ = c.runRelease(ctx, key, keys, releaseArgs{token: tok, givingUp: true}, along, inTurn)
 }
 
-// handedOver ends tok's release, which handed the lock to next, a waiter
-// of this client, at began: next holds it for its TTL from then, and is
-// woken with g.
-func (c *Client) handedOver(ctx context.Context, key string, keys []string, tok string, first *waiter, next string, g grant, began time.Time, inTurn bool) {
-	w := c.waiter(next)
-	// A waiter no longer registered has given up, or it has found the
-	// lock by an attempt of its own (a recheck while this release was
-	// under way) and holds it: it recorded that, with setHolder, before it
-	// stopped waiting. Only the one that gave up left a lock nobody
-	// holds, for this release to pass on; so did tok, if the grant was
-	// its own.
-	gaveUp := w == nil && (next == tok || !c.isHolder(key, next))
-	until := began
-	if w != nil {
-		until = c.validity(began, w.ttl)
-	}
-	c.endRelease(key, tok, first, next, until, inTurn)
-	if gaveUp {
-		c.leave(ctx, key, keys, next)
-	} else if w != nil {
-		g.at = began
-		wake(w, g)
-		// Give the new holder this processor, as sync.Mutex's Unlock does
-		// in its starvation mode: on a hot key the hand-over is what every
-		// waiter waits for, and the woken goroutine would otherwise wait
-		// until this one blocks, or for another thread to wake and steal it.
-		// The releaser, done with the lock, runs again on the next free
-		// processor.
-		runtime.Gosched()
-	}
+// cleanUp runs tok's leave on a goroutine of the Client's, so that the
+// caller whose wait ended returns by its deadline whatever the network
+// does; Close waits for it. The leave is sent once after has closed: when
+// the call that may have queued tok or taken the lock for it, which its
+// caller stopped waiting for, has ended, go-redis's re-sends included, so
+// that the leave runs in Redis after it. It is bounded by releaseTimeout
+// from then.
+func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok string, after <-chan struct{}) {
+	ctx = context.WithoutCancel(ctx)
+	c.cleanups.add()
+	go func() {
+		defer c.cleanups.done()
+		if after != nil {
+			<-after
+		}
+		c.leave(c.clock.context(ctx), key, keys, tok)
+	}()
 }
 
 // waiterLease is how long a waiter's place in a queue lasts without being
 // renewed: three rechecks.
 func (c *Client) waiterLease() time.Duration { return 3 * c.cfg.Recheck }
+
+// A group counts the clean-ups under way, for Close to wait for. Unlike a
+// sync.WaitGroup, it may be added to while it is waited for.
+type group struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while it is 0
+}
+
+func (g *group) add() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n++; g.idle == nil {
+		g.idle = make(chan struct{})
+	}
+}
+
+func (g *group) done() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n--; g.n == 0 {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// wait waits until no clean-up is under way, or ctx ends.
+func (g *group) wait(ctx context.Context) error {
+	g.mu.Lock()
+	idle := g.idle
+	g.mu.Unlock()
+	if idle == nil {
+		return nil
+	}
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("clean-ups still under way: %w", context.Cause(ctx))
+	}
+}

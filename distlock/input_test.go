@@ -2,6 +2,7 @@ package distlock_test
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -26,6 +27,13 @@ func TestNewClientRefusesBadInput(t *testing.T) {
 		"negative Recheck":        {Recheck: -time.Second},
 		"sub-millisecond Recheck": {Recheck: time.Microsecond},
 		"negative GrantLease":     {GrantLease: -time.Second},
+		// Three Rechecks, a deadline MaxWait from now: they must not
+		// overflow.
+		"Recheck near MaxInt64":    {Recheck: math.MaxInt64 - 1},
+		"GrantLease near MaxInt64": {GrantLease: math.MaxInt64},
+		"TTL near MaxInt64":        {TTL: math.MaxInt64},
+		"MaxWait near MaxInt64":    {MaxWait: math.MaxInt64},
+		"Recheck past MaxDuration": {Recheck: distlock.MaxDuration + 1},
 		// A brace would make the prefix every lock's Cluster hash tag.
 		"prefix with {":  {Prefix: "app{x}:"},
 		"prefix with }":  {Prefix: "app}:"},
@@ -51,7 +59,7 @@ func TestCallsRefuseBadInput(t *testing.T) {
 			_, err := obtain(ctx, key, time.Second)
 			require.ErrorIs(t, err, contend.ErrInvalid, "key %q", key)
 		}
-		for _, ttl := range []time.Duration{0, -time.Second, time.Millisecond, distlock.MinTTL - 1} {
+		for _, ttl := range []time.Duration{0, -time.Second, time.Millisecond, distlock.MinTTL - 1, math.MaxInt64} {
 			_, err := obtain(ctx, "job", ttl)
 			require.ErrorIs(t, err, contend.ErrInvalid, "ttl %v", ttl)
 		}

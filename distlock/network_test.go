@@ -388,3 +388,32 @@ func TestQuorumNodeCutOffIsNotWaitedFor(t *testing.T) {
 	require.NoError(t, l.Release(ctx))
 	require.NoError(t, q.Close(ctx))
 }
+
+// Obtain, TryObtain and Do return by their ctx's deadline, with a little
+// slack for the scheduler, whatever the network does: on a network that
+// stopped answering, the clean-up of the call they gave up on (a leave, in
+// case the script ran) goes on without them.
+func TestCallsReturnByTheirDeadlineOnASilentNetwork(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix})
+	warm(t, c)
+	proxy.Blackhole()
+	defer func() { proxy.Heal(); proxy.Reset() }()
+	calls := map[string]func(ctx context.Context) error{
+		"TryObtain": func(ctx context.Context) error { _, err := c.TryObtain(ctx, "job", time.Minute); return err },
+		"Obtain":    func(ctx context.Context) error { _, err := c.Obtain(ctx, "job", time.Minute); return err },
+		"Do": func(ctx context.Context) error {
+			return c.Do(ctx, "job", func(context.Context) error { return nil })
+		},
+	}
+	for name, call := range calls {
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		began := time.Now()
+		err := call(ctx)
+		took := time.Since(began)
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, name)
+		require.Less(t, took, 350*time.Millisecond, "%s returned %v after its deadline", name, took-100*time.Millisecond)
+	}
+}

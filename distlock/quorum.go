@@ -126,7 +126,10 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 	}
 	senders := make([]*scriptbatch.Sender, len(nodes))
 	for i, n := range nodes {
-		senders[i] = scriptbatch.New(n, 0)
+		// As many calls at once as the node's pool has connections, and
+		// never fewer than two: one stuck call must not fail the node for
+		// every other until it times out.
+		senders[i] = scriptbatch.New(n, scriptbatch.Limit(n))
 	}
 	return &Quorum{nodes: senders, cfg: cfg, quorum: len(nodes)/2 + 1}, nil
 }
@@ -331,9 +334,13 @@ func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 }
 
 func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
+	// A node's lock that is gone before l's validity passed was deleted by
+	// this release: sent again after a lost reply, it finds its own work.
+	// Nobody else deletes l's token, and it cannot have expired yet.
+	inTime := time.Now().Before(l.ValidUntil())
 	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
 		v, err := n.Run(ctx, quorumUnlockScript, l.keys, l.token).Int64()
-		return v == 1, err
+		return v == 1 || v == 2 && inTime, err
 	})
 	ok, no, errs := tally(res)
 	switch {

@@ -193,3 +193,58 @@ func TestQuorumWaitEndedMidAttemptIsALostRace(t *testing.T) {
 	require.ErrorIs(t, err, contend.ErrConflict, "%v", err)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// twice is a go-redis hook that sends every call of its script twice, as
+// go-redis does when the first reply is lost to a read timeout: the caller
+// gets the second reply.
+type twice struct{ *stall }
+
+func (tw twice) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if tw.matches(cmd) {
+			_ = next(ctx, cmd)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A Quorum node's lock and unlock scripts give the same answer when go-redis
+// sends them again after a lost reply: the lock finds its own token, the
+// unlock finds its own work.
+func TestQuorumScriptsSentTwiceAnswerTheSame(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	node := redis.NewClient(rdb.Options())
+	t.Cleanup(func() { _ = node.Close() })
+	all := func([]any) bool { return true }
+	node.AddHook(twice{newStall(distlock.QuorumLockScript, all)})
+	node.AddHook(twice{newStall(distlock.QuorumUnlockScript, all)})
+	q, err := distlock.NewQuorum([]redis.Scripter{node}, distlock.QuorumConfig{Prefix: prefix, NodeTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close(context.Background())) })
+	l, err := q.TryObtain(t.Context(), "job", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(t.Context()))
+}
+
+// A Quorum node whose one call is stuck still answers the others: a node
+// sends several calls at once, so one stuck connection does not fail it for
+// every call until the stuck one times out.
+func TestQuorumNodeAnswersBesideAStuckCall(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	node := redis.NewClient(rdb.Options())
+	t.Cleanup(func() { _ = node.Close() })
+	stuck := newStall(distlock.QuorumLockScript, func(argv []any) bool { return arg(argv, 1, "61000") })
+	node.AddHook(stuck)
+	q, err := distlock.NewQuorum([]redis.Scripter{node}, distlock.QuorumConfig{Prefix: prefix, NodeTimeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, q.Close(context.Background())) })
+	ctx := t.Context()
+	go func() { _, _ = q.TryObtain(ctx, "a", 61*time.Second) }()
+	receive(t, stuck.reached, 5*time.Second)
+	defer stuck.open()
+	l, err := q.TryObtain(ctx, "b", time.Minute)
+	require.NoError(t, err, "a stuck call failed the node for the next")
+	require.NoError(t, l.Release(ctx))
+}

@@ -15,11 +15,11 @@ import (
 // waits in line, here or in Redis, until a release hands it the lock or its
 // own attempt finds it free or reserved for it.
 
-// wait obtains the lock as a queued waiter. A deferred waiter (w non-nil)
-// is queued by the release of the lock it waits behind; any other is
-// registered for its wake before the attempt that queues it is sent,
-// because the release that reserves the lock for it can come before that
-// attempt's reply.
+// wait obtains the lock as a waiter w that joined key's line: deferred
+// there, or asking Redis (attempt), whose attempt queues it if the key is
+// held. w is registered for its wake before the attempt that queues it is
+// sent, because the release that reserves the lock for it can come before
+// that attempt's reply.
 //
 // A waiter holds the lock when an attempt of its own says so, or when a
 // release of this client hands it over (the release's reply is Redis's
@@ -28,35 +28,32 @@ import (
 //
 // tries counts the attempts the caller made before the wait, for the
 // events.
-func (c *Client) wait(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, w *waiter, tries int) (l *Lock, err error) {
+func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter, attempt bool, tries int) (l *Lock, err error) {
 	began := time.Now()
-	deferred := w != nil
-	if !deferred {
-		w = newWaiter(tok, ttl)
-		if err := c.register(w); err != nil {
-			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
-		}
-	}
-	defer c.unregister(tok)
-	// queued: tok may be in Redis's queue or hold the lock, which leaving
-	// must clean up, even though ctx may have ended: that may be why.
-	queued := false
+	// Close waits for the wait to end, and for the clean-up it starts.
+	c.cleanups.add()
 	defer func() {
 		if l == nil {
-			c.stopWaiting(ctx, key, keys, w, deferred, queued)
+			// Whatever w may have in Redis is given up, even though ctx may
+			// have ended: that may be why.
+			c.depart(ctx, key, keys, w)
 		}
+		c.cleanups.done()
 	}()
+	if err := c.register(w); err != nil {
+		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+	}
+	defer c.unregister(w.tok)
 	s := c.subscriber()
 	c.awaitSubscription(ctx, s)
 	giveUpBy := began.Add(c.cfg.MaxWait)
 	for attempts := 0; ; {
-		if !deferred {
+		if attempt {
 			if cause := ctxerr.Of(ctx); cause != nil {
 				return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
 			}
-			queued = true
 			attempts++
-			if l, err := c.attemptInLine(ctx, key, keys, tok, ttl, began, tries+attempts, attempts == 1); l != nil || err != nil {
+			if l, err := c.attemptInLine(ctx, key, keys, w, began, tries+attempts, attempts == 1); l != nil || err != nil {
 				return l, err
 			}
 		}
@@ -64,26 +61,22 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, tok string
 		switch {
 		case cause != nil:
 			return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
-		case g.fence > 0: // handed over by a release here, already recorded
-			l := newLock(c, key, keys, tok, g.fence, ttl, c.validity(g.at, ttl))
+		case g.fence > 0: // handed over by a release here, already on the line
+			l := newLock(c, key, keys, w.tok, g.fence, w.ttl, c.validity(g.at, w.ttl))
 			l.reportObtained(ctx, began, max(tries+attempts, 1))
 			return l, nil
-		case deferred:
-			stay, sent := c.rejoin(key, w)
-			// Unless it stays, from now on a waiter like any other: its
-			// next attempt queues it, if a release has not.
-			deferred, queued = stay, sent
 		}
+		c.onLine(key, func(ln *line) { attempt, _ = ln.rejoin(w, time.Now()) })
 	}
 }
 
-// attemptInLine makes an attempt of a waiter that began at began, which
+// attemptInLine makes an attempt of a waiter w that began at began, which
 // queues it if the key is held. It returns the lock if the waiter got it,
 // the error that ends the wait if one does, or neither when the waiter is
 // queued. tries counts the attempts so far, this one included; first says
 // whether it is the wait's first.
-func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, tok string, ttl time.Duration, began time.Time, tries int, first bool) (*Lock, error) {
-	l, err := c.attempt(ctx, key, keys, tok, ttl, true)
+func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, w *waiter, began time.Time, tries int, first bool) (*Lock, error) {
+	l, err := c.attempt(ctx, key, keys, w, true)
 	if err != nil {
 		if cause := ctxerr.Of(ctx); cause != nil {
 			return nil, c.gaveUp(ctx, key, began, tries, cause)
@@ -91,30 +84,12 @@ func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, t
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	if l == nil {
-		c.setQueued(key, tok)
+		c.onLine(key, func(ln *line) { ln.queued(w) })
 		return nil, nil
 	}
-	if first {
-		c.clearBusy(key)
-	}
-	c.setHolder(key, tok, l.ValidUntil())
+	c.onLine(key, func(ln *line) { ln.obtained(w, l.ValidUntil(), first) })
 	l.reportObtained(ctx, began, tries)
 	return l, nil
-}
-
-// stopWaiting cleans up after w's wait for key ended without the lock. A
-// waiter that may be in Redis's queue, or hold the lock there, leaves it;
-// a head that never reached Redis lets the waiters behind it go, so that
-// they do not wait for it.
-func (c *Client) stopWaiting(ctx context.Context, key string, keys []string, w *waiter, deferred, queued bool) {
-	if deferred && c.leaveLine(key, w) {
-		queued = true
-	}
-	if queued {
-		c.leave(ctx, key, keys, w.tok)
-	} else {
-		c.dropHead(key, w.tok)
-	}
 }
 
 // awaitSubscription holds the first waiters of a client briefly until its
@@ -172,14 +147,4 @@ func (c *Client) gaveUp(ctx context.Context, key string, began time.Time, attemp
 	}
 	reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, began, attempts, err)
 	return err
-}
-
-// leave removes tok from key's queue and releases the lock if tok holds it
-// (or it is reserved for tok), handing it to the next waiter: for a waiter
-// that gives up, and for an attempt whose reply was lost. It runs even when
-// ctx has ended; failures are left to the leases (the queue entry and the
-// reservation expire by themselves).
-func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
-	first, inTurn := c.takeAlong(key, tok)
-	_, _ = c.runRelease(c.clock.context(ctx), key, keys, releaseArgs{token: tok, givingUp: true}, first, inTurn)
 }

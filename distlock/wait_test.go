@@ -179,13 +179,14 @@ func TestCancelledWaitReturnsPromptly(t *testing.T) {
 	require.ErrorIs(t, got.err, contend.ErrConflict)
 	require.ErrorIs(t, got.err, context.Canceled)
 	require.Less(t, took, time.Second, "the wait did not stop promptly")
-	require.Zero(t, queued(t, rdb, prefix, "job"), "the waiter left the queue")
+	waitQueued(t, rdb, prefix, "job", 0) // the waiter's leave runs on the client's goroutine
 
 	deadline, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	_, err = c.Obtain(deadline, "job", time.Minute)
 	require.ErrorIs(t, err, contend.ErrConflict)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+	waitQueued(t, rdb, prefix, "job", 0)
 
 	require.NoError(t, holder.Release(t.Context()))
 	require.Zero(t, rdb.Exists(t.Context(), lockKey(prefix, "job")).Val(), "the lock went to a waiter that had left")
@@ -648,5 +649,28 @@ func TestShortLeaseDoesNotExpireOthersPlaces(t *testing.T) {
 	require.NoError(t, got.l.Release(ctx))
 	got = receive(t, second, 5*time.Second)
 	require.NoError(t, got.err)
+	require.NoError(t, got.l.Release(ctx))
+}
+
+// A key whose holder's lease ran out while a waiter was queued is free, and
+// a newcomer's take may get it; the lock it sets is marked, so that its
+// release serves the queue at once, not at the waiter's next recheck.
+func TestTakeBeforeAQueueServesItOnRelease(t *testing.T) {
+	t.Parallel()
+	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
+	ctx := t.Context()
+	_, err := c.TryObtain(ctx, "job", 100*time.Millisecond) // its holder dies
+	require.NoError(t, err)
+	waiter := obtainAsync(ctx, other, "job", time.Minute)
+	waitQueued(t, rdb, prefix, "job", 1)
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, lockKey(prefix, "job")).Val() == 0 },
+		5*time.Second, 5*time.Millisecond, "the lease did not run out")
+	newcomer := newClient(t, rdb, distlock.Config{Prefix: prefix})
+	l, err := newcomer.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(ctx))
+	got := receive(t, waiter, 2*time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.l.Fence(), l.Fence())
 	require.NoError(t, got.l.Release(ctx))
 }

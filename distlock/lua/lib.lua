@@ -31,22 +31,21 @@ local function fence()
   return tonumber(redis.call('GET', KEYS[2]) or '0')
 end
 
--- next_fence moves the counter for a new holder and returns its value. A
--- missing counter (a new key, one idle past fence_idle_ms, or a Redis that
--- lost its data) starts from the server's clock in microseconds rather than
--- from 1, so that it is still larger than every token handed out before,
--- as long as that clock did not go back and the key averaged fewer than a
--- million acquisitions a second. All in this one script: a restart done by
--- a second call could be cut off by a crash between the two, and leave the
--- counter low for good.
+-- next_fence moves the counter for a new holder and returns its value:
+-- one more than it was, and never less than the server's clock in
+-- microseconds. So a counter that went missing (a new key, one idle past
+-- fence_idle_ms, a Redis that lost its data) or went back (a Redis
+-- restarted from an older snapshot, a replica that missed increments)
+-- still gives a token larger than every one handed out before, as long as
+-- that clock did not go back and the key averaged fewer than a million
+-- acquisitions a second. All in this one script: a restart done by a
+-- second call could be cut off by a crash between the two.
 local function next_fence()
-  local f = redis.call('INCR', KEYS[2])
-  if f == 1 then
-    local t = redis.call('TIME')
-    f = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', KEYS[2], string.format('%.0f', f))
-  end
-  redis.call('PEXPIRE', KEYS[2], fence_idle_ms)
+  local t = redis.call('TIME')
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local f = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
+  if f < floor then f = floor end
+  redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', fence_idle_ms)
   return f
 end
 

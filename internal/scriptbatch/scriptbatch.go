@@ -121,6 +121,18 @@ type call struct {
 // matching [ErrAbandoned] and ctx's cause: the script may still run. Run
 // works after Close too.
 func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	cmd, _ := s.Start(ctx, script, keys, args...)
+	return cmd
+}
+
+// Start is Run, and also returns a channel that is closed when the call
+// has ended, or will never be sent: for a call abandoned when ctx ended,
+// later than Run returned, once the Redis client is done with it (go-redis
+// re-sends a command, or a whole pipeline, after a read timeout). A
+// clean-up that must reach Redis after the script, whatever the Redis
+// client does, waits for it. A call whose ctx ended while it was queued for
+// a batch is not sent.
+func (s *Sender) Start(ctx context.Context, script *redis.Script, keys []string, args ...any) (*redis.Cmd, <-chan struct{}) {
 	cl := &call{ctx: ctx, script: script, keys: keys, args: args}
 	s.mu.Lock()
 	s.pending++
@@ -128,7 +140,7 @@ func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, a
 		cl.done = make(chan struct{})
 		s.queue = append(s.queue, cl)
 		s.mu.Unlock()
-		return cl.wait()
+		return cl.wait(), cl.done
 	}
 	s.sending++
 	s.mu.Unlock()
@@ -139,12 +151,19 @@ func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, a
 		if next := s.next(); next != nil {
 			s.start(next)
 		}
-		return cl.cmd
+		return cl.cmd, ended
 	}
 	cl.done = make(chan struct{})
 	s.start([]*call{cl})
-	return cl.wait()
+	return cl.wait(), cl.done
 }
+
+// ended is the channel of a call that has ended.
+var ended = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
 
 // Close ends the Sender's goroutines once their sends are done, and waits
 // for them: while no call is unanswered, always (they end at once);
@@ -260,17 +279,35 @@ func (s *Sender) nextLocked() []*call {
 }
 
 // send sends batch, one script alone or several as one pipeline, and sets
-// each call's reply. A batch runs on the first call's ctx values, without
-// its cancellation: the others wait for it too.
+// each call's reply. Calls whose caller gave up while they were queued are
+// not sent. A batch runs on the first call's ctx values, without its
+// cancellation: the others wait for it too.
 func (s *Sender) send(batch []*call) {
-	if len(batch) == 1 {
-		cl := batch[0]
+	live := batch[:0:0]
+	for _, cl := range batch {
+		if cl.ctx.Err() != nil {
+			cl.cmd = redis.NewCmd(cl.ctx)
+			cl.cmd.SetErr(fmt.Errorf("%w: %w", ErrAbandoned, context.Cause(cl.ctx)))
+			continue
+		}
+		live = append(live, cl)
+	}
+	switch len(live) {
+	case 0:
+	case 1:
+		cl := live[0]
 		cl.cmd = cl.script.Run(cl.ctx, s.rdb, cl.keys, cl.args...)
 		s.failedOver(cl.cmd.Err())
-		s.answered(1)
-		cl.finish()
-		return
+	default:
+		s.sendPipeline(live)
 	}
+	s.answered(len(batch))
+	for _, cl := range batch {
+		cl.finish()
+	}
+}
+
+func (s *Sender) sendPipeline(batch []*call) {
 	ctx := context.WithoutCancel(batch[0].ctx)
 	pipe := s.rdb.(Client).Pipeline()
 	for _, cl := range batch {
@@ -283,10 +320,6 @@ func (s *Sender) send(batch []*call) {
 			cl.cmd = cl.script.Run(ctx, s.rdb, cl.keys, cl.args...)
 		}
 		s.failedOver(cl.cmd.Err())
-	}
-	s.answered(len(batch))
-	for _, cl := range batch {
-		cl.finish()
 	}
 }
 

@@ -2,6 +2,7 @@ package scriptbatch_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -198,4 +199,62 @@ func TestCloseEndsIdleGoroutines(t *testing.T) {
 	require.NoError(t, s.Close(done))
 	require.Equal(t, "after", s.Run(t.Context(), echo, []string{"k"}, "after").Val())
 	require.NoError(t, s.Close(t.Context()))
+}
+
+// held is a go-redis hook that holds back every call until go is closed.
+type held struct{ go_ chan struct{} }
+
+func (h *held) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *held) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { <-h.go_; return next(ctx, cmd) }
+}
+
+func (h *held) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { <-h.go_; return next(ctx, cmds) }
+}
+
+// Calls whose callers gave up while they waited for a batch are not sent:
+// their callers' clean-up may already have run, and the scripts must not
+// run after it. (go-redis itself sends nothing on an ended ctx, but a batch
+// goes out on a ctx that its callers' deadlines do not end.) Start's
+// channel says when a call is over.
+func TestCallAbandonedInTheQueueIsNotSent(t *testing.T) {
+	t.Parallel()
+	rdb, prefix := testserver.Redis(t)
+	h := &held{go_: make(chan struct{})}
+	via := pooled(t, rdb, 1)
+	via.AddHook(h)
+	s := scriptbatch.New(via, 1)
+	t.Cleanup(func() { require.NoError(t, s.Close(context.Background())) })
+	incr := redis.NewScript(`return redis.call('INCR', KEYS[1])`)
+	key := prefix + "n"
+
+	first := make(chan error, 1)
+	go func() { first <- s.Run(t.Context(), incr, []string{key}).Err() }()
+	require.Eventually(t, func() bool { return s.Pending() == 1 }, 5*time.Second, time.Millisecond)
+	short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	var ends []<-chan struct{}
+	abandoned := make(chan (<-chan struct{}), 2)
+	for range 2 {
+		go func() {
+			cmd, ended := s.Start(short, incr, []string{key})
+			if !errors.Is(cmd.Err(), scriptbatch.ErrAbandoned) {
+				t.Errorf("an abandoned call returned %v", cmd.Err())
+			}
+			abandoned <- ended
+		}()
+	}
+	for range 2 {
+		ends = append(ends, <-abandoned)
+	}
+	close(h.go_)
+	require.NoError(t, <-first)
+	for _, ended := range ends {
+		<-ended
+	}
+	n, err := rdb.Get(t.Context(), key).Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the abandoned call was sent")
 }
