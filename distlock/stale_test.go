@@ -70,3 +70,27 @@ func requireNewHolderKept(t *testing.T, rdb redis.Cmdable, key, token string, tt
 	require.LessOrEqual(t, left, ttl, "the stale refresh extended the new holder's lease")
 	require.Positive(t, left)
 }
+
+// A stale quorum holder's release leaves the new holder's lock on every
+// node: the release compares tokens node by node.
+func TestQuorumStaleReleaseLeavesTheNewHolder(t *testing.T) {
+	t.Parallel()
+	_, clients, asNodes := nodes(t, 3)
+	q, other := newQuorum(t, asNodes), newQuorum(t, asNodes)
+	ctx := t.Context()
+	old, err := q.TryObtain(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	key := distlock.DefaultPrefix + "{job}"
+	for _, n := range clients {
+		require.NoError(t, n.Del(ctx, key).Err()) // its lease ran out everywhere
+	}
+	current, err := other.TryObtain(ctx, "job", 20*time.Second)
+	require.NoError(t, err)
+
+	require.ErrorIs(t, old.Release(ctx), contend.ErrLockLost,
+		"a stale quorum holder's release succeeded on another holder's key")
+	for _, n := range clients {
+		requireNewHolderKept(t, n, key, current.Token(), 20*time.Second)
+	}
+	require.NoError(t, current.Release(ctx))
+}

@@ -234,7 +234,7 @@ var mutants = []mutant{
 		Old:    "if v ~= ARGV[1] then return 0 end",
 		New:    "",
 		Pkg:    "./distlock",
-		Run:    "TestQuorumStaleRefreshLeavesTheNewHolder|TestQuorumIsAGuard/calls",
+		Run:    "TestQuorumStaleReleaseLeavesTheNewHolder|TestQuorumIsAGuard/calls",
 		Breaks: "a quorum release deletes only the releaser's lock on each node",
 	},
 	{
