@@ -66,7 +66,7 @@
 // strategy does, except the naive control where it is expected to break
 // (more than one process).
 //
-//	go run ./examples/bench                  # the default grid, about 5 minutes on 2 cores
+//	go run ./examples/bench                  # the default grid, about 3½ minutes on 2 cores
 //	go run ./examples/bench -quick           # the smoke run CI executes
 //	go run ./examples/bench -processes 3 -strategies atomic,naive
 //	go run ./examples/bench -rounds 3        # each cell's median of three passes over the grid
@@ -97,7 +97,7 @@ import (
 // Options is one run of the suite.
 type Options struct {
 	// Duration is how long each cell runs. Default: 800ms, so that the
-	// default grid takes about five minutes.
+	// default grid takes about three and a half minutes (215 cells).
 	Duration time.Duration
 	// Workers are the goroutine counts, per process. Default: 1, 8, 64.
 	Workers []int
