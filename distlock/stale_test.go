@@ -37,24 +37,45 @@ func TestStaleRefreshLeavesTheNewHolder(t *testing.T) {
 // holder's lease as it was.
 func TestQuorumStaleRefreshLeavesTheNewHolder(t *testing.T) {
 	t.Parallel()
+	old, current, clients, key := staleQuorum(t)
+	require.ErrorIs(t, old.Refresh(t.Context(), time.Hour), contend.ErrLockLost,
+		"a stale quorum holder's refresh succeeded on another holder's key")
+	for _, n := range clients {
+		requireNewHolderKept(t, n, key, current.Token(), 20*time.Second)
+	}
+	require.NoError(t, current.Release(t.Context()))
+}
+
+// A stale quorum holder's release leaves the new holder's lock on every
+// node: the release compares tokens node by node.
+func TestQuorumStaleReleaseLeavesTheNewHolder(t *testing.T) {
+	t.Parallel()
+	old, current, clients, key := staleQuorum(t)
+	require.ErrorIs(t, old.Release(t.Context()), contend.ErrLockLost,
+		"a stale quorum holder's release succeeded on another holder's key")
+	for _, n := range clients {
+		requireNewHolderKept(t, n, key, current.Token(), 20*time.Second)
+	}
+	require.NoError(t, current.Release(t.Context()))
+}
+
+// staleQuorum returns, on 3 nodes, a lock whose lease ran out on every node
+// and the lock another Quorum then took for 20s, with the nodes and the
+// key.
+func staleQuorum(t *testing.T) (old, current *distlock.Lock, clients []*redis.Client, key string) {
+	t.Helper()
 	_, clients, asNodes := nodes(t, 3)
 	q, other := newQuorum(t, asNodes), newQuorum(t, asNodes)
 	ctx := t.Context()
 	old, err := q.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
-	key := distlock.DefaultPrefix + "{job}"
+	key = distlock.DefaultPrefix + "{job}"
 	for _, n := range clients {
 		require.NoError(t, n.Del(ctx, key).Err()) // its lease ran out everywhere
 	}
-	current, err := other.TryObtain(ctx, "job", 20*time.Second)
+	current, err = other.TryObtain(ctx, "job", 20*time.Second)
 	require.NoError(t, err)
-
-	require.ErrorIs(t, old.Refresh(ctx, time.Hour), contend.ErrLockLost,
-		"a stale quorum holder's refresh succeeded on another holder's key")
-	for _, n := range clients {
-		requireNewHolderKept(t, n, key, current.Token(), 20*time.Second)
-	}
-	require.NoError(t, current.Release(ctx))
+	return old, current, clients, key
 }
 
 // requireNewHolderKept checks that key still holds token with no more than
@@ -69,28 +90,4 @@ func requireNewHolderKept(t *testing.T, rdb redis.Cmdable, key, token string, tt
 	require.NoError(t, err)
 	require.LessOrEqual(t, left, ttl, "the stale refresh extended the new holder's lease")
 	require.Positive(t, left)
-}
-
-// A stale quorum holder's release leaves the new holder's lock on every
-// node: the release compares tokens node by node.
-func TestQuorumStaleReleaseLeavesTheNewHolder(t *testing.T) {
-	t.Parallel()
-	_, clients, asNodes := nodes(t, 3)
-	q, other := newQuorum(t, asNodes), newQuorum(t, asNodes)
-	ctx := t.Context()
-	old, err := q.TryObtain(ctx, "job", time.Minute)
-	require.NoError(t, err)
-	key := distlock.DefaultPrefix + "{job}"
-	for _, n := range clients {
-		require.NoError(t, n.Del(ctx, key).Err()) // its lease ran out everywhere
-	}
-	current, err := other.TryObtain(ctx, "job", 20*time.Second)
-	require.NoError(t, err)
-
-	require.ErrorIs(t, old.Release(ctx), contend.ErrLockLost,
-		"a stale quorum holder's release succeeded on another holder's key")
-	for _, n := range clients {
-		requireNewHolderKept(t, n, key, current.Token(), 20*time.Second)
-	}
-	require.NoError(t, current.Release(ctx))
 }
