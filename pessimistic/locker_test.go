@@ -362,7 +362,10 @@ func TestLockTimeout(t *testing.T) {
 			require.GreaterOrEqual(t, time.Since(began), 100*time.Millisecond)
 
 			l = newLocker(t, db, pessimistic.Config{LockTimeout: time.Minute})
-			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			// Long enough that, on a loaded machine, ctx ends in the wait for
+			// the row and not while the call still begins its transaction,
+			// which is no lost race.
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 			defer cancel()
 			err = l.Do(ctx, "p", func(context.Context) error { return errors.New("fn ran") })
 			require.ErrorIs(t, err, context.DeadlineExceeded)
