@@ -44,6 +44,10 @@ var ErrNotFound = errors.New("contend: not found")
 // wrap it say which input and why.
 var ErrInvalid = errors.New("contend: invalid argument")
 
+// ErrClosed reports a call on a guard or queue after its Close, or a wait
+// that Close cut short.
+var ErrClosed = errors.New("contend: closed")
+
 // DBTX is the part of database/sql that a guard's fn needs to run statements.
 // [*sql.DB], [*sql.Tx], [*sql.Conn], and sqlx's DB and Tx all satisfy it, and so
 // does what [Querier] returns inside a SQL guard's fn.

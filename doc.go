@@ -49,7 +49,7 @@
 //	queue/redisq          queues in a Redis stream   at least once       yes (a partition lease) lease expires, another instance redelivers
 //
 // Each guard says so in code too: its Promises method returns the
-// [Promises] above as values, and [Promises.Keeps] names what a switch from
+// [Promises] above as values, and [Promises.Check] names what a switch from
 // one guard to another would lose, so a call site (or its test) can check
 // the guard it was given.
 //

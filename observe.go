@@ -44,11 +44,10 @@ func (f ObserverFunc) Observe(ctx context.Context, e Event) { f(ctx, e) }
 type Event struct {
 	// Kind says what happened.
 	Kind EventKind
-	// Strategy is the package that reports: "atomic", "pessimistic",
-	// "optimistic", "distlock" or "queue" (package redisq reports as
-	// "queue"), or "adaptive" for the adaptive guard's locked calls (its
-	// optimistic ones report as "optimistic").
-	Strategy string
+	// Strategy is the package that reports. Package redisq reports as
+	// [StrategyQueue]; the adaptive guard reports its locked calls as
+	// [StrategyAdaptive] and its optimistic ones as [StrategyOptimistic].
+	Strategy Strategy
 	// Key is the caller's key, as the caller passed it: without a prefix.
 	Key string
 	// Wait is how long the call took to get the key: from its start until
@@ -72,6 +71,20 @@ type Event struct {
 	// EventReleased it is the error fn returned, if any.
 	Err error
 }
+
+// A Strategy names the package that reported an [Event]. Its string is the
+// package's name, as metrics and logs label it.
+type Strategy string
+
+// The strategies that report events.
+const (
+	StrategyAtomic      Strategy = "atomic"
+	StrategyPessimistic Strategy = "pessimistic"
+	StrategyOptimistic  Strategy = "optimistic"
+	StrategyAdaptive    Strategy = "adaptive"
+	StrategyDistlock    Strategy = "distlock"
+	StrategyQueue       Strategy = "queue"
+)
 
 // An EventKind says what an [Event] reports. A call that gets its key
 // reports EventObtained, then one of EventReleased and EventLost when it

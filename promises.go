@@ -8,7 +8,7 @@ import (
 // Promises is what a [Guard] promises the code it runs, as values a caller
 // or a test can check: the same Do call site means different things under
 // different guards, and switching one for another is safe only when the new
-// guard keeps every promise the call site relies on (see [Promises.Keeps]).
+// guard keeps every promise the call site relies on (see [Promises.Check]).
 type Promises struct {
 	// Exclusive: no two fns for one key run at the same time. False for the
 	// optimistic guard, whose fns overlap and commit one per version.
@@ -41,14 +41,14 @@ type Promiser interface {
 	Promises() Promises
 }
 
-// Keeps reports whether a call site written for a guard that promises old
+// Check checks that a call site written for a guard that promises old
 // keeps every promise it may rely on when its guard is replaced by one that
 // promises p. It returns nil if so, and otherwise an error that names each
 // promise lost. A change of Waits alone is no loss: a waiting guard may also
 // return [ErrConflict] (when ctx ends), and a fail-fast one may answer where
 // the other waited, so both cases are already part of every call site's
 // contract; the change is one of latency, not of correctness.
-func (p Promises) Keeps(old Promises) error {
+func (p Promises) Check(old Promises) error {
 	var lost []string
 	if old.Exclusive && !p.Exclusive {
 		lost = append(lost, "fn is not exclusive: fns for one key may overlap")

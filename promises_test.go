@@ -20,7 +20,7 @@ var (
 	inMemory   = contend.Promises{Exclusive: true, AtMostOnce: true, Waits: true}
 )
 
-func TestKeeps(t *testing.T) {
+func TestCheck(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
@@ -39,7 +39,7 @@ func TestKeeps(t *testing.T) {
 		{"in-memory queue to lease", inMemory, lease, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.new.Keeps(tc.old)
+			err := tc.new.Check(tc.old)
 			if tc.lost == nil {
 				require.NoError(t, err)
 				return
@@ -55,11 +55,11 @@ func TestKeeps(t *testing.T) {
 // A call site can check, once at start-up, that the guard it was given
 // keeps what its fn relies on: here, that fn's external call is not made
 // twice.
-func ExamplePromises_Keeps() {
+func ExamplePromises_Check() {
 	var g contend.Guard = optimisticGuard{} // say, configured elsewhere
 	needs := contend.Promises{AtMostOnce: true}
 	if p, ok := g.(contend.Promiser); ok {
-		fmt.Println(p.Promises().Keeps(needs))
+		fmt.Println(p.Promises().Check(needs))
 	}
 	// Output:
 	// contend: the replacement breaks promises: fn may run more than once per Do: its effects outside the guard's transaction must be idempotent

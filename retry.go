@@ -25,22 +25,22 @@ type Retry struct {
 	MaxDelay time.Duration
 }
 
-// Defaults of [Retry].
+// The defaults of [Retry]'s fields, which their docs state.
 const (
-	DefaultMaxAttempts = 10
-	DefaultBaseDelay   = 2 * time.Millisecond
-	DefaultMaxDelay    = 500 * time.Millisecond
+	defaultMaxAttempts = 10
+	defaultBaseDelay   = 2 * time.Millisecond
+	defaultMaxDelay    = 500 * time.Millisecond
 )
 
 func (r Retry) withDefaults() Retry {
 	if r.MaxAttempts <= 0 {
-		r.MaxAttempts = DefaultMaxAttempts
+		r.MaxAttempts = defaultMaxAttempts
 	}
 	if r.BaseDelay <= 0 {
-		r.BaseDelay = DefaultBaseDelay
+		r.BaseDelay = defaultBaseDelay
 	}
 	if r.MaxDelay <= 0 {
-		r.MaxDelay = DefaultMaxDelay
+		r.MaxDelay = defaultMaxDelay
 	}
 	if r.MaxDelay < r.BaseDelay {
 		r.MaxDelay = r.BaseDelay

@@ -47,7 +47,7 @@ func (o slogObserver) Observe(ctx context.Context, e Event) {
 	if int(e.Kind) < len(slogMessages) && slogMessages[e.Kind] != "" {
 		msg = slogMessages[e.Kind]
 	}
-	attrs := [7]slog.Attr{slog.String("strategy", e.Strategy), slog.String("key", e.Key)}
+	attrs := [7]slog.Attr{slog.String("strategy", string(e.Strategy)), slog.String("key", e.Key)}
 	n := 2
 	add := func(a slog.Attr) {
 		attrs[n] = a

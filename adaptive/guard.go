@@ -16,7 +16,7 @@ import (
 )
 
 // strategy is the Strategy of the locked path's events.
-const strategy = "adaptive"
+const strategy = contend.StrategyAdaptive
 
 // A Guard runs fn for a key inside a transaction, optimistically while the
 // key's races are rare and after locking its row while they are frequent (see

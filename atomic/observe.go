@@ -15,7 +15,7 @@ import (
 // is built and no clock is read for it.
 
 // strategy is the Strategy of atomic's events.
-const strategy = "atomic"
+const strategy = contend.StrategyAtomic
 
 // maxTracked bounds how many claims made by Claim and ClaimAs a Claimer
 // remembers the time of, for the Hold of their Release. Claims never

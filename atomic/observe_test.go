@@ -60,7 +60,7 @@ func TestClaimerObserver(t *testing.T) {
 			events := rec.take()
 			require.Equal(t, []contend.EventKind{contend.EventObtained, contend.EventReleased}, kinds(events))
 			for _, e := range events {
-				require.Equal(t, "atomic", e.Strategy)
+				require.Equal(t, contend.StrategyAtomic, e.Strategy)
 				require.Equal(t, "bot-1", e.Key)
 				require.Equal(t, 1, e.Attempts)
 				require.Positive(t, e.Wait)

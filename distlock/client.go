@@ -168,7 +168,7 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 // Close stops the client's subscription and waits, until ctx ends, for its
 // goroutine, for the waits it ends and the clean-up in Redis of callers
 // who gave up, and for Redis calls that callers stopped waiting for, to
-// finish. Waits in progress end with [ErrClosed]; locks already held stay
+// finish. Waits in progress end with [contend.ErrClosed]; locks already held stay
 // valid and can still be released. Close is idempotent and works on a
 // client that never subscribed. It does not close the Redis client.
 func (c *Client) Close(ctx context.Context) error {
@@ -216,7 +216,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	}
 	ttl = ttl.Truncate(time.Millisecond)
 	if c.isClosed() {
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, ErrClosed)
+		return nil, fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrClosed)
 	}
 	if err := ctxerr.Of(ctx); err != nil {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)

@@ -2,7 +2,6 @@ package distlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -130,9 +129,6 @@ const healthInterval = 5 * time.Second
 // errMaxWait is the cause of a wait cut short by Config.MaxWait.
 var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.DeadlineExceeded)
 
-// ErrClosed reports a call on a [Client] after [Client.Close], or a wait that
-// Close cut short.
-var ErrClosed = errors.New("distlock: client closed")
 
 func (cfg Config) withDefaults() (Config, error) {
 	err := common("Config", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, map[string]time.Duration{
@@ -154,7 +150,7 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("distlock: Config.GrantLease %v is below 1ms: %w", cfg.GrantLease, contend.ErrInvalid)
 	}
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > cfg.Recheck {
-		cfg.Backoff.MaxDelay = min(contend.DefaultMaxDelay, cfg.Recheck)
+		cfg.Backoff.MaxDelay = min(500*time.Millisecond, cfg.Recheck) // contend.Retry's default MaxDelay
 	}
 	return cfg, nil
 }

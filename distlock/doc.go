@@ -129,7 +129,7 @@
 // Errors match, with [errors.Is]: [contend.ErrConflict] when the key is held
 // (joined with ctx's error when a wait was cut short);
 // [contend.ErrLockLost] when a hold ended early or a release found the lock
-// gone; [contend.ErrInvalid] for bad input; [ErrClosed] after
+// gone; [contend.ErrInvalid] for bad input; [contend.ErrClosed] after
 // [Client.Close]; [ErrNoQuorum] when too few quorum nodes answered. A Redis
 // failure is returned as it is: "Redis is down" is never reported as
 // "busy".

@@ -12,7 +12,7 @@ import (
 // without one, no event is built and no clock is read for it.
 
 // strategy is the Strategy of distlock's events.
-const strategy = "distlock"
+const strategy = contend.StrategyDistlock
 
 // holdReport is what a Lock keeps, when its owner has an Observer, to
 // report the end of its hold.

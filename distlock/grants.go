@@ -45,7 +45,7 @@ func (c *Client) register(w *waiter) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed.Load() {
-		return ErrClosed
+		return contend.ErrClosed
 	}
 	if c.sub.Load() == nil {
 		s := &subscriber{

@@ -131,7 +131,7 @@ func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts i
 	case <-ctx.Done():
 		return grant{}, ctxerr.Of(ctx)
 	case <-c.closing:
-		return grant{}, ErrClosed
+		return grant{}, contend.ErrClosed
 	}
 }
 
@@ -139,7 +139,7 @@ func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts i
 // attempts and ended for cause, and reports it.
 func (c *Client) gaveUp(ctx context.Context, key string, began time.Time, attempts int, cause error) error {
 	var err error
-	if errors.Is(cause, ErrClosed) {
+	if errors.Is(cause, contend.ErrClosed) {
 		err = fmt.Errorf("distlock: obtain %q: %w", key, cause)
 	} else {
 		err = fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",

@@ -365,9 +365,9 @@ func TestCloseEndsWaits(t *testing.T) {
 	waitQueued(t, rdb, prefix, "job", 1)
 	require.NoError(t, c.Close(ctx))
 	require.NoError(t, c.Close(ctx), "Close is idempotent")
-	require.ErrorIs(t, receive(t, w, 5*time.Second).err, distlock.ErrClosed)
+	require.ErrorIs(t, receive(t, w, 5*time.Second).err, contend.ErrClosed)
 	_, err = c.Obtain(ctx, "job", time.Minute)
-	require.ErrorIs(t, err, distlock.ErrClosed)
+	require.ErrorIs(t, err, contend.ErrClosed)
 	require.Zero(t, queued(t, rdb, prefix, "job"))
 	require.NoError(t, holder.Release(ctx))
 }
@@ -445,7 +445,7 @@ func TestObserverReportsEvents(t *testing.T) {
 	kinds := func(es []contend.Event) []contend.EventKind {
 		var ks []contend.EventKind
 		for _, e := range es {
-			require.Equal(t, "distlock", e.Strategy)
+			require.Equal(t, contend.StrategyDistlock, e.Strategy)
 			require.Equal(t, "job", e.Key)
 			ks = append(ks, e.Kind)
 		}

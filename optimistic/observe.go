@@ -18,7 +18,7 @@ import (
 // report, formats no key and reads no clock for it.
 
 // strategy is the Strategy of optimistic's events.
-const strategy = "optimistic"
+const strategy = contend.StrategyOptimistic
 
 // errVersionMoved is what a Retry event says of an attempt whose version
 // check found the version moved.

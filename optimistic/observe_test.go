@@ -27,7 +27,7 @@ func requireEvents(t *testing.T, events []contend.Event, key string, want ...con
 	t.Helper()
 	require.Equal(t, want, kinds(events))
 	for _, e := range events {
-		require.Equal(t, "optimistic", e.Strategy)
+		require.Equal(t, contend.StrategyOptimistic, e.Strategy)
 		require.Equal(t, key, e.Key)
 	}
 	return events

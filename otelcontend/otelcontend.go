@@ -105,7 +105,7 @@ func New(mp metric.MeterProvider, tp trace.TracerProvider) (*Observer, error) {
 func (o *Observer) Observe(ctx context.Context, e contend.Event) {
 	now := time.Now()
 	attrs := metric.WithAttributeSet(attribute.NewSet(
-		attribute.String("contend.strategy", e.Strategy),
+		attribute.String("contend.strategy", string(e.Strategy)),
 		attribute.String("contend.event", e.Kind.String()),
 	))
 	switch e.Kind {
@@ -138,7 +138,7 @@ func (o *Observer) Observe(ctx context.Context, e contend.Event) {
 // wait and hold, to now.
 func (o *Observer) span(ctx context.Context, e contend.Event, now time.Time) {
 	start := now.Add(-e.Hold - e.Wait)
-	_, span := o.tracer.Start(ctx, "contend."+e.Strategy,
+	_, span := o.tracer.Start(ctx, "contend."+string(e.Strategy),
 		trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithAttributes(o.attributes(e)...),
@@ -168,7 +168,7 @@ func (o *Observer) annotate(ctx context.Context, e contend.Event, now time.Time)
 
 func (o *Observer) attributes(e contend.Event) []attribute.KeyValue {
 	attrs := []attribute.KeyValue{
-		attribute.String("contend.strategy", e.Strategy),
+		attribute.String("contend.strategy", string(e.Strategy)),
 		attribute.String("contend.key", e.Key),
 		attribute.String("contend.event", e.Kind.String()),
 	}

@@ -16,7 +16,7 @@ import (
 // Observer a call builds no report and reads no clock for it.
 
 // strategy is the Strategy of pessimistic's events.
-const strategy = "pessimistic"
+const strategy = contend.StrategyPessimistic
 
 // A report follows one call of a runner for its Observer: its attempts,
 // each a transaction that locks and runs fn.

@@ -36,7 +36,7 @@ func (r *recorder) take(t *testing.T, key string, want ...contend.EventKind) []c
 	got := make([]contend.EventKind, len(events))
 	for i, e := range events {
 		got[i] = e.Kind
-		require.Equal(t, "pessimistic", e.Strategy)
+		require.Equal(t, contend.StrategyPessimistic, e.Strategy)
 		require.Equal(t, key, e.Key)
 	}
 	require.Equal(t, want, got)

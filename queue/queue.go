@@ -17,9 +17,6 @@ import (
 // configured to refuse rather than wait ([Config.RefuseWhenFull]).
 var ErrFull = errors.New("queue: full")
 
-// ErrClosed reports that the queue is closed: it takes no new job, or it
-// stopped before it could run an accepted one (Close's ctx ended first).
-var ErrClosed = errors.New("queue: closed")
 
 // ErrDeadLettered reports that a job failed on every delivery it was allowed
 // and went to the dead-letter sink. Submit returns it joined with the
@@ -218,7 +215,7 @@ func (pt *part) put(it item, limit int) (room <-chan struct{}, err error) {
 	pt.mu.Lock()
 	if pt.closed {
 		pt.mu.Unlock()
-		return nil, ErrClosed
+		return nil, contend.ErrClosed
 	}
 	if len(pt.items) >= limit {
 		if pt.room == nil {
@@ -320,7 +317,7 @@ func PartitionOf(key string, n int) int {
 func (q *Queue) Run(ctx context.Context) error {
 	if !q.start(ctx) {
 		if q.closing.Load() {
-			return ErrClosed
+			return contend.ErrClosed
 		}
 		return ErrRunning
 	}
@@ -355,7 +352,7 @@ func (q *Queue) start(ctx context.Context) bool {
 
 // Close stops taking jobs, runs every job already accepted, and waits for the
 // workers. When ctx ends first it cancels the running handlers' ctx, has the
-// jobs not yet started answered with ErrClosed, and returns ctx's error at
+// jobs not yet started answered with [contend.ErrClosed], and returns ctx's error at
 // once: a handler that does not heed its ctx keeps its worker running until
 // it returns, and the jobs waiting behind it are answered then. A later
 // Close waits for the workers again. Close works before Run (it then runs
@@ -458,7 +455,7 @@ func (q *Queue) put(ctx context.Context, it item) error {
 		case <-ctx.Done():
 			return q.gaveUp(ctx, it.key, began, "waited for room in its partition", ctxerr.Of(ctx))
 		case <-q.abort:
-			return ErrClosed
+			return contend.ErrClosed
 		}
 	}
 }
@@ -558,7 +555,7 @@ func (q *Queue) runItems(ctx context.Context, pc *partitionCounters, items, batc
 				continue
 			}
 			if q.aborted() {
-				it.answer(outcome{err: ErrClosed})
+				it.answer(outcome{err: contend.ErrClosed})
 				continue
 			}
 			q.runFn(it.key, it.w)
@@ -581,7 +578,7 @@ func (q *Queue) runItems(ctx context.Context, pc *partitionCounters, items, batc
 		pc.InFlight.Add(int64(len(batch)))
 		if q.aborted() {
 			for _, it := range batch {
-				it.answer(outcome{err: ErrClosed})
+				it.answer(outcome{err: contend.ErrClosed})
 			}
 		} else {
 			q.runBatch(ctx, pc, batch)
@@ -647,7 +644,7 @@ func (q *Queue) runPlain(ctx context.Context, pc *partitionCounters, items []ite
 			continue
 		}
 		if q.aborted() {
-			it.answer(outcome{err: ErrClosed})
+			it.answer(outcome{err: contend.ErrClosed})
 		} else if q.runOne(ctx, pc, it) {
 			handled++
 		}

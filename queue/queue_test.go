@@ -34,7 +34,7 @@ func start(t testing.TB, cfg queue.Config) *queue.Queue {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		require.NoError(t, q.Close(ctx))
-		if err := <-ran; !errors.Is(err, queue.ErrClosed) { // Close may come first
+		if err := <-ran; !errors.Is(err, contend.ErrClosed) { // Close may come first
 			require.NoError(t, err)
 		}
 	})
@@ -272,7 +272,7 @@ func TestRetryAndDeadLetter(t *testing.T) {
 	close(events)
 	kinds := map[contend.EventKind]int{}
 	for e := range events {
-		require.Equal(t, "queue", e.Strategy)
+		require.Equal(t, contend.StrategyQueue, e.Strategy)
 		require.Equal(t, "k", e.Key)
 		require.Error(t, e.Err)
 		if e.Kind == contend.EventDeadLettered {
@@ -332,7 +332,7 @@ func TestWaitCutShortIsAConflict(t *testing.T) {
 	for range 3 {
 		e := <-events
 		require.Equal(t, contend.EventGaveUp, e.Kind)
-		require.Equal(t, "queue", e.Strategy)
+		require.Equal(t, contend.StrategyQueue, e.Strategy)
 		require.Equal(t, "k", e.Key)
 		require.GreaterOrEqual(t, e.Wait, wait*2/3) // timers may fire early by a tick
 		require.ErrorIs(t, e.Err, contend.ErrConflict)
@@ -369,7 +369,7 @@ func TestDoReportsAsAHold(t *testing.T) {
 	require.Equal(t, contend.EventReleased, released.Kind)
 	require.ErrorIs(t, released.Err, errFn)
 	for _, e := range []contend.Event{obtained, released} {
-		require.Equal(t, "queue", e.Strategy)
+		require.Equal(t, contend.StrategyQueue, e.Strategy)
 		require.Equal(t, "k", e.Key)
 		require.Equal(t, 1, e.Attempts)
 		require.Positive(t, e.Wait)
@@ -436,8 +436,8 @@ func TestCloseBeforeRunDrains(t *testing.T) {
 	require.NoError(t, q.Close(t.Context()))
 	require.NoError(t, q.Close(t.Context()), "Close is idempotent")
 	require.EqualValues(t, 10, handled.Load(), "jobs accepted before Run still run")
-	require.ErrorIs(t, q.Run(t.Context()), queue.ErrClosed)
-	require.ErrorIs(t, q.Enqueue(t.Context(), "k", nil), queue.ErrClosed)
+	require.ErrorIs(t, q.Run(t.Context()), contend.ErrClosed)
+	require.ErrorIs(t, q.Enqueue(t.Context(), "k", nil), contend.ErrClosed)
 }
 
 func TestRunTwice(t *testing.T) {
@@ -469,7 +469,7 @@ func TestRunCtxEndDrains(t *testing.T) {
 }
 
 // Close under load loses no accepted job: every Enqueue that returned nil is
-// handled before Close returns, and the others say ErrClosed.
+// handled before Close returns, and the others say contend.ErrClosed.
 func TestCloseUnderLoadLosesNothing(t *testing.T) {
 	t.Parallel()
 	var handled atomic.Int64
@@ -492,7 +492,7 @@ func TestCloseUnderLoadLosesNothing(t *testing.T) {
 		wg.Go(func() {
 			for i := 0; ; i++ {
 				err := q.Enqueue(context.Background(), fmt.Sprintf("k%d-%d", g, i%7), nil)
-				if errors.Is(err, queue.ErrClosed) {
+				if errors.Is(err, contend.ErrClosed) {
 					return
 				}
 				if err != nil {
@@ -519,7 +519,7 @@ func TestCloseUnderLoadLosesNothing(t *testing.T) {
 }
 
 // When Close's ctx ends before the drain, running handlers see their ctx
-// cancelled, waiting jobs are answered ErrClosed, and Close returns ctx's
+// cancelled, waiting jobs are answered contend.ErrClosed, and Close returns ctx's
 // error.
 func TestCloseDeadlineAborts(t *testing.T) {
 	t.Parallel()
@@ -557,7 +557,7 @@ func TestCloseDeadlineAborts(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, q.Close(ctx), context.Canceled)
 	require.ErrorIs(t, <-blocked, context.Canceled, "the running handler's ctx was cancelled")
-	require.ErrorIs(t, <-waiting, queue.ErrClosed)
+	require.ErrorIs(t, <-waiting, contend.ErrClosed)
 	require.NoError(t, <-ran)
 }
 

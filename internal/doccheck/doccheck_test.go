@@ -147,6 +147,10 @@ func TestEveryExportedIdentifierIsDocumented(t *testing.T) {
 	for _, dir := range publicDirs(t, root) {
 		for _, id := range identifiers(t, dir) {
 			total++
+			if os.Getenv("DOCCHECK_LIST") != "" {
+				rel, _ := filepath.Rel(root, dir)
+				t.Logf("%s: %s", rel, id.name)
+			}
 			if !id.documented {
 				rel, _ := filepath.Rel(root, dir)
 				missing = append(missing, rel+": "+id.name)

@@ -12,8 +12,8 @@ var mutants = []mutant{
 	{
 		Name:   "contend/retry-default",
 		File:   "retry.go",
-		Old:    "DefaultMaxAttempts = 10",
-		New:    "DefaultMaxAttempts = 1",
+		Old:    "defaultMaxAttempts = 10",
+		New:    "defaultMaxAttempts = 1",
 		Pkg:    ".",
 		Run:    "TestZeroRetryRunsTenTimes|TestRetryDefaults",
 		Breaks: "a zero Retry runs a failing operation 10 times",

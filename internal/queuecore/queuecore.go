@@ -52,7 +52,7 @@ type Counters struct {
 }
 
 // Strategy is the Strategy of both backends' events.
-const Strategy = "queue"
+const Strategy = contend.StrategyQueue
 
 // Report reports an event of a job for key, its attempts-th delivery or
 // call, to o if set. began is when the caller began to wait, for

@@ -355,7 +355,7 @@ func (q *Queue) Submit(ctx context.Context, key string, payload []byte) ([]byte,
 		queuecore.Report(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, 0, err)
 		return nil, err
 	case <-q.listenDone:
-		return nil, queue.ErrClosed
+		return nil, contend.ErrClosed
 	}
 }
 
@@ -366,7 +366,7 @@ func (q *Queue) await(id string, answer chan string) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed {
-		return queue.ErrClosed
+		return contend.ErrClosed
 	}
 	if q.waiting == nil {
 		q.waiting = map[string]chan string{}
@@ -461,7 +461,7 @@ func (q *Queue) Run(ctx context.Context) error {
 	switch {
 	case q.closed:
 		q.mu.Unlock()
-		return queue.ErrClosed
+		return contend.ErrClosed
 	case q.running:
 		q.mu.Unlock()
 		return queue.ErrRunning

@@ -51,7 +51,7 @@ func instance(t testing.TB, client redis.UniversalClient, prefix string, cfg red
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		require.NoError(t, q.Close(ctx))
-		if err := <-ran; !errors.Is(err, queue.ErrClosed) {
+		if err := <-ran; !errors.Is(err, contend.ErrClosed) {
 			require.NoError(t, err)
 		}
 	})

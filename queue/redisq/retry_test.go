@@ -143,7 +143,7 @@ func testBatchPoison(t *testing.T, client redis.UniversalClient, prefix string) 
 			leases[e.Kind]++
 			continue
 		}
-		require.Equal(t, "queue", e.Strategy)
+		require.Equal(t, contend.StrategyQueue, e.Strategy)
 	}
 	seen.mu.Unlock()
 	require.Equal(t, map[contend.EventKind]int{contend.EventObtained: 1}, leases,
