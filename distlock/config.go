@@ -129,7 +129,6 @@ const healthInterval = 5 * time.Second
 // errMaxWait is the cause of a wait cut short by Config.MaxWait.
 var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.DeadlineExceeded)
 
-
 func (cfg Config) withDefaults() (Config, error) {
 	err := common("Config", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, map[string]time.Duration{
 		"Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease,

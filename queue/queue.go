@@ -17,7 +17,6 @@ import (
 // configured to refuse rather than wait ([Config.RefuseWhenFull]).
 var ErrFull = errors.New("queue: full")
 
-
 // ErrDeadLettered reports that a job failed on every delivery it was allowed
 // and went to the dead-letter sink. Submit returns it joined with the
 // handler's last error.
