@@ -111,7 +111,12 @@ func Run(ctx context.Context, db contend.DB, opts Options, fn func(ctx context.C
 // BEGIN is watched like a statement (see [Watch]): a call into a silent
 // network returns [CancelGrace] after ctx's end, so a call returns within
 // ctx's deadline, plus CancelGrace, plus opts.FinishTimeout, as long as fn's
-// own statements return when ctx ends.
+// own statements return when ctx ends. When fn fails with [ErrNoAnswer] (a
+// watched statement given up on, which database/sql's Rollback would wait
+// for), RunTx does not wait for the rollback: it returns at once, within
+// ctx's deadline plus CancelGrace, and the rollback runs detached, bounded
+// by opts.FinishTimeout, on a connection the driver has marked broken, so
+// that the pool closes it rather than hand it out again.
 //
 // In a transaction someone else owns, fn runs once, RunTx neither commits
 // nor rolls back, and errors are returned for the owner to handle: only it
@@ -191,6 +196,20 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 	ended := false
 	defer func() {
 		if ended {
+			return
+		}
+		if errors.Is(err, ErrNoAnswer) {
+			// A statement of fn's was given up on and still runs: database/sql's
+			// Rollback waits for it, which on a silent network lasts until the
+			// kernel gives up on the connection. The call returns now, and the
+			// rollback runs detached, within the same bound. The connection is
+			// not pooled again in an unknown state: the driver marked it broken
+			// when the statement's ctx ended (lib/pq, pgx's stdlib and
+			// go-sql-driver/mysql all do), and database/sql closes a broken
+			// connection rather than pool it once the rollback returns.
+			go func() { _ = e.end("rollback", tx.Rollback) }()
+			err = fmt.Errorf("%w (the transaction is rolled back in the background, and the server holds its locks "+
+				"until it sees the rollback or the connection closed)", err)
 			return
 		}
 		// Runs on error and on panic alike.
