@@ -93,6 +93,25 @@ var mutants = []mutant{
 		Run:    "TestLeaseOnMariaDB",
 		Breaks: "on MySQL too, a claim can be taken over only once its lease has passed",
 	},
+	{
+		Name:   "atomic/watched-read-late-write",
+		File:   "internal/txn/txn.go",
+		Old:    "\tif w.abandoned {\n\t\tw.mu.Unlock()\n\t\treturn ErrNoAnswer",
+		New:    "\tif false && w.abandoned {\n\t\tw.mu.Unlock()\n\t\treturn ErrNoAnswer",
+		Pkg:    "./internal/txn",
+		Run:    "TestWatchScanWritesNothingAfterItReturned",
+		Breaks: "a read given up on never writes into the caller's variables after the call returned",
+		Short:  true,
+	},
+	{
+		Name:   "atomic/update-select-waits-for-rollback",
+		File:   "internal/txn/txn.go",
+		Old:    "\t\tif errors.Is(err, ErrNoAnswer) {\n\t\t\t// A statement of fn's was given up on",
+		New:    "\t\tif false && errors.Is(err, ErrNoAnswer) {\n\t\t\t// A statement of fn's was given up on",
+		Pkg:    "./atomic",
+		Run:    "TestReadsReturnByTheDeadlineOnASilentNetwork/UpdateSelect/postgres",
+		Breaks: "UpdateSelect returns by ctx's deadline plus CancelGrace on a silent network, under lib/pq too",
+	},
 
 	// pessimistic: row locks and advisory locks.
 	{
