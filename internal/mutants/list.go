@@ -121,6 +121,25 @@ var mutants = []mutant{
 		Run:    "TestClaimOfARowDeletedWhileItWaitedIsNotFound/mariadb",
 		Breaks: "a claim in a REPEATABLE READ transaction on MariaDB answers a row deleted while it waited as not found, not held",
 	},
+	{
+		Name:   "sqldb/lock-timeout-rollback-unseen",
+		File:   "internal/sqldb/std.go",
+		Old:    "\tin, askErr := open()\n",
+		New:    "\tin, askErr := true, error(nil)\n",
+		Pkg:    "./pessimistic",
+		Run:    "TestTimedOutLockTellsTheTruthWhenItRollsBack",
+		Breaks: "a lock wait timeout that rolled the whole transaction back (innodb_rollback_on_timeout) is never answered nil, nor its later writes committed",
+	},
+	{
+		Name:   "sqldb/unknown-rollback-taken-alive",
+		File:   "internal/sqldb/std.go",
+		Old:    "\tcase askErr != nil:\n\t\treturn fmt.Errorf(",
+		New:    "\tcase askErr != nil:\n\t\treturn nil, false\n\t\treturn fmt.Errorf(",
+		Pkg:    "./internal/sqldb",
+		Run:    "TestMySQLErrorClassifier",
+		Breaks: "a MySQL transaction whose survival the server cannot tell (MySQL 8: no @@in_transaction) is taken for rolled back, not committed in pieces",
+		Short:  true,
+	},
 
 	// pessimistic: row locks and advisory locks.
 	{
