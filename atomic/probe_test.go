@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/contend/contend"
@@ -92,10 +93,15 @@ func claimOfADeletedRow(t *testing.T, driver string, cfg atomic.ClaimConfig, inT
 		claimed <- err
 	}()
 	// The claim waits for the deleter's row lock.
-	require.Eventually(t, func() bool {
+	if !assert.Eventually(t, func() bool {
 		var w bool
 		return db.QueryRowContext(ctx, waiting, id).Scan(&w) == nil && w
-	}, 15*time.Second, 10*time.Millisecond)
+	}, 15*time.Second, 10*time.Millisecond, "the claim never waited for the deleter's lock") {
+		// The claim returns before the test does, and its claimer closes.
+		_ = del.Rollback()
+		<-claimed
+		t.FailNow()
+	}
 	require.NoError(t, del.Commit())
 
 	err = <-claimed
