@@ -131,7 +131,7 @@ func Example_hotKey() {
 // in the buffer: the buys keep their order.
 func submit(ctx context.Context, q *queue.Queue, key string) <-chan string {
 	answer := make(chan string, 1)
-	depth := q.Stats().Depth
+	depth := waiting(ctx, q)
 	go func() {
 		v, err := q.Submit(ctx, key, nil)
 		if err != nil {
@@ -140,11 +140,20 @@ func submit(ctx context.Context, q *queue.Queue, key string) <-chan string {
 		}
 		answer <- string(v)
 	}()
-	for q.Stats().Depth == depth {
+	for waiting(ctx, q) == depth {
 		// The queue is not running yet: the depth grows when the job is in.
 		runtime.Gosched()
 	}
 	return answer
+}
+
+// waiting returns how many jobs wait in q.
+func waiting(ctx context.Context, q *queue.Queue) int {
+	s, err := q.Stats(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return s.Depth
 }
 
 // An idempotent handler: the job id and the effect are written by one

@@ -37,7 +37,7 @@ func TestConsumerProcess(t *testing.T) {
 	require.NoError(t, err)
 	client := redis.NewClient(opts)
 	defer client.Close()
-	q, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 1, LeaseTTL: killTTL,
+	q, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 1, LeaseTTL: killTTL,
 		Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
 			if string(job.Payload) == "block" {
 				// Tell the test we are mid-job, and stay here until killed.
