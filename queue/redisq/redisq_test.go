@@ -282,7 +282,8 @@ func testTakeover(t *testing.T, client redis.UniversalClient, prefix string) {
 				waited := time.Since(died)
 				t.Logf("taken over %v after the owner died", waited)
 				require.GreaterOrEqual(t, waited, ttl-50*time.Millisecond, "ran while the dead owner's lease was valid")
-				require.Less(t, waited, 3*ttl, "took more than about one lease to take over")
+				// A second of slack for a loaded machine, as the kill test allows.
+				require.Less(t, waited, 3*ttl+time.Second, "took more than about one lease to take over")
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("job %d was not redelivered", i)
