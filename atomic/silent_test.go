@@ -3,6 +3,7 @@ package atomic_test
 import (
 	"context"
 	neturl "net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,9 +56,19 @@ func TestReadsReturnByTheDeadlineOnASilentNetwork(t *testing.T) {
 			bound: txn.CancelGrace,
 		},
 	}
+	// The network is silent before the transaction begins.
+	calls["UpdateSelect/silent-from-the-start"] = struct {
+		silence func(*faultproxy.Proxy)
+		call    func(ctx context.Context, driver string, h any, dest []any) error
+		bound   time.Duration
+	}{
+		silence: func(p *faultproxy.Proxy) { p.Blackhole() },
+		call:    calls["UpdateSelect"].call,
+		bound:   txn.CancelGrace,
+	}
 	for name, c := range calls {
 		drivers := testserver.AllDrivers
-		if name == "UpdateSelect" {
+		if strings.HasPrefix(name, "UpdateSelect") {
 			drivers = append(drivers, testserver.MariaDBDriver)
 		}
 		for _, driver := range drivers {
