@@ -142,7 +142,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lo
 	return c.obtain(ctx, key, ttl, true)
 }
 
-// Do locks key for Config.TTL (waiting for it, unless Config.FailFast),
+// Do locks key for Config.TTL (waiting for it, unless Config.NoWait),
 // runs fn, and releases the lock, also when fn fails or panics (the panic
 // is re-raised). While fn runs, the lock is refreshed every TTL/3; when a
 // refresh finds it gone, or its validity passes without a successful
@@ -152,13 +152,13 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lo
 // with [FromContext].
 //
 // Do returns fn's error unchanged, an error matching [contend.ErrConflict]
-// when the key was held (at once with FailFast, else when the wait ended),
+// when the key was held (at once with NoWait, else when the wait ended),
 // ctx's error, or a Redis error.
 func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if fn == nil {
 		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
 	}
-	l, err := c.obtain(ctx, key, c.cfg.TTL, !c.cfg.FailFast)
+	l, err := c.obtain(ctx, key, c.cfg.TTL, !c.cfg.NoWait)
 	if err != nil {
 		return err
 	}
@@ -365,7 +365,7 @@ func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 // margin allows for this process's clock running slower than Redis's: a
 // lease that Redis ends after ttl by its clock may have lasted ttl less the
 // margin by this one's (see [Lock.ValidUntil]).
-func (c *Client) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, DefaultDriftFactor) }
+func (c *Client) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, defaultDriftFactor) }
 
 // validity is the deadline of a lease of ttl granted by a call that began
 // at began.

@@ -282,7 +282,7 @@ func (l *line) grantTo(o outcome, s *step) {
 // hold makes w, handed the lock by a release whose reply was o, the head.
 func (l *line) hold(w *waiter, o outcome, s *step) {
 	w.phase = holding
-	l.head, l.until = w, o.at.Add(w.ttl-driftMargin(w.ttl, DefaultDriftFactor))
+	l.head, l.until = w, o.at.Add(w.ttl-driftMargin(w.ttl, defaultDriftFactor))
 	if o.inTurn {
 		l.turn--
 	} else {

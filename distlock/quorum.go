@@ -25,40 +25,35 @@ var ErrNoQuorum = errors.New("distlock: no quorum")
 // QuorumConfig configures a [Quorum]. The zero value is ready to use: every
 // field has a documented default.
 type QuorumConfig struct {
-	// Prefix is put before every key. Default: "distlock:".
+	// Prefix is put before every key. Zero means "distlock:".
 	Prefix string
 	// TTL is the lease of a lock that [Quorum.Do] takes; Do refreshes it
-	// every third of its validity. Default: 10s; at least [MinTTL].
+	// every third of its validity. Zero means 10s; at least [MinTTL].
 	TTL time.Duration
-	// FailFast makes [Quorum.Do] give up at once when the key is held.
-	// Default: false, Do waits.
-	FailFast bool
-	// MaxWait bounds every wait when ctx allows longer. Default: 30s.
+	// NoWait makes [Quorum.Do] give up at once when the key is held.
+	// False (the default): Do waits.
+	NoWait bool
+	// MaxWait bounds every wait when ctx allows longer. Zero means 30s.
 	MaxWait time.Duration
 	// NodeTimeout bounds each node's answer: a node that answers later
-	// counts as failed, so a slow node cannot eat the lease. Default: 50ms.
+	// counts as failed, so a slow node cannot eat the lease. Zero means
+	// 50ms.
 	NodeTimeout time.Duration
 	// DriftFactor is the share of the TTL allowed for the nodes' clocks
 	// running at different rates; 2ms are added to it. The validity of a
 	// lock is TTL minus the time its attempt took minus that allowance.
-	// Default: 0.01.
+	// Zero means 0.01; below 0.5.
 	DriftFactor float64
 	// Backoff paces the attempts of a wait. Quorum waits poll, with jitter
 	// so that competing waiters do not retry in step; there is no queue
-	// across independent nodes. Its MaxAttempts is ignored. Default:
-	// contend.Retry's defaults, MaxDelay at most 100ms.
+	// across independent nodes. Its MaxAttempts is ignored. Zero means
+	// contend.Retry's defaults; MaxDelay at most 100ms.
 	Backoff contend.Retry
 	// Observer, when set, hears what the quorum's locks do, as
-	// Config.Observer does; the events carry no fencing token. Default:
-	// nil, no events.
+	// Config.Observer does; the events carry no fencing token. Nil (the
+	// default): no events.
 	Observer contend.Observer
 }
-
-// Defaults of [QuorumConfig].
-const (
-	DefaultNodeTimeout = 50 * time.Millisecond
-	DefaultDriftFactor = 0.01
-)
 
 // A Quorum takes locks over several independent Redis masters (Redlock): a
 // lock is held when a majority of the nodes granted it within its validity,
@@ -116,10 +111,10 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 		return nil, err
 	}
 	if cfg.NodeTimeout == 0 {
-		cfg.NodeTimeout = DefaultNodeTimeout
+		cfg.NodeTimeout = defaultNodeTimeout
 	}
 	if cfg.DriftFactor == 0 {
-		cfg.DriftFactor = DefaultDriftFactor
+		cfg.DriftFactor = defaultDriftFactor
 	}
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
 		cfg.Backoff.MaxDelay = 100 * time.Millisecond
@@ -150,14 +145,14 @@ func (q *Quorum) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lo
 	return q.obtain(ctx, key, ttl, true)
 }
 
-// Do is [Client.Do] over the quorum: obtain (waiting unless FailFast),
+// Do is [Client.Do] over the quorum: obtain (waiting unless NoWait),
 // refresh while fn runs, cancel fn's ctx with [contend.ErrLockLost] when a
 // majority can no longer be proven, release on every node.
 func (q *Quorum) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if fn == nil {
 		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
 	}
-	l, err := q.obtain(ctx, key, q.cfg.TTL, !q.cfg.FailFast)
+	l, err := q.obtain(ctx, key, q.cfg.TTL, !q.cfg.NoWait)
 	if err != nil {
 		return err
 	}
