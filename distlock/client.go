@@ -116,13 +116,6 @@ func (c *Client) keys(key string) []string {
 	return []string{s[:base], s[:fence], s[fence:queue], s[queue:]}
 }
 
-// run runs script on keys, with the Redis calls of the client's other
-// goroutines when they come together; it returns when ctx ends, if that
-// comes first (see package scriptbatch).
-func (c *Client) run(ctx context.Context, script *redis.Script, keys []string, argv []any) *redis.Cmd {
-	return c.calls.Run(ctx, script, keys, argv...)
-}
-
 // TryObtain makes one attempt to lock key for ttl. It returns an error
 // matching [contend.ErrConflict] at once when the key is held, and a Redis
 // error as it is. It returns by ctx's deadline, whatever the network does.
@@ -155,14 +148,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lo
 // when the key was held (at once with NoWait, else when the wait ended),
 // ctx's error, or a Redis error.
 func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
-	}
-	l, err := c.obtain(ctx, key, c.cfg.TTL, !c.cfg.NoWait)
-	if err != nil {
-		return err
-	}
-	return run(ctx, l, fn)
+	return do(ctx, key, fn, func() (*Lock, error) { return c.obtain(ctx, key, c.cfg.TTL, !c.cfg.NoWait) })
 }
 
 // Close stops the client's subscription and waits, until ctx ends, for its
@@ -205,21 +191,13 @@ func (c *Client) Close(ctx context.Context) error {
 
 func (c *Client) observer() contend.Observer { return c.cfg.Observer }
 
-func (c *Client) isClosed() bool { return c.closed.Load() }
-
 func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
-	if err := checkKey("obtain", key); err != nil {
+	ttl, err := checkObtain(ctx, key, ttl)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkTTL("ttl", ttl); err != nil {
-		return nil, err
-	}
-	ttl = ttl.Truncate(time.Millisecond)
-	if c.isClosed() {
+	if c.closed.Load() {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrClosed)
-	}
-	if err := ctxerr.Of(ctx); err != nil {
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	keys := c.keys(key)
 	w := &waiter{tok: token.New(), ttl: ttl}
@@ -282,7 +260,7 @@ func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *w
 func (c *Client) take(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
 	began := time.Now()
 	tok, ttl := w.tok, w.ttl
-	cmd, ended := c.calls.Start(ctx, takeScript, keys[:3], takeArgs{token: tok, ttl: ttl}.argv()...)
+	cmd, ended := c.calls.Start(ctx, takeScript, keys[:3], leaseArgs(tok, ttl)...)
 	w.ended = ended
 	fence, err := cmd.Int64()
 	switch {
@@ -296,16 +274,13 @@ func (c *Client) take(ctx context.Context, key string, keys []string, w *waiter)
 	return l, nil
 }
 
-// attempt runs the acquire script once, queueing the caller if wait and
-// the key is held. It returns the lock when the caller holds it, nil when
-// not.
-func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter, wait bool) (*Lock, error) {
+// attempt runs the acquire script once, queueing the caller if the key is
+// held. It returns the lock when the caller holds it, nil when not.
+func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
 	began := time.Now()
 	tok, ttl := w.tok, w.ttl
-	cmd, ended := c.calls.Start(ctx, acquireScript, keys, acquireArgs{
-		token: tok, ttl: ttl, wait: wait, channel: c.channel,
-		waiterLease: c.waiterLease(), grantLease: c.grantLease(ttl),
-	}.argv()...)
+	cmd, ended := c.calls.Start(ctx, acquireScript, keys,
+		acquireArgs(tok, ttl, c.channel, c.waiterLease(), c.grantLease(ttl))...)
 	w.ended = ended
 	res, err := cmd.Int64Slice()
 	if err != nil {
@@ -323,7 +298,7 @@ func (c *Client) attempt(ctx context.Context, key string, keys []string, w *wait
 // refresh, release and pttl make the Client a lockOwner.
 
 func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
-	n, err := c.run(ctx, refreshScript, l.keys[:2], refreshArgs{token: l.token, ttl: ttl}.argv()).Int64()
+	n, err := c.calls.Run(ctx, refreshScript, l.keys[:2], leaseArgs(l.token, ttl)...).Int64()
 	return n == 1, err
 }
 
@@ -344,7 +319,7 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 	}
 	along, inTurn := c.takeAlong(l.key, l.token)
 	if l.taken && along == nil {
-		n, err := c.run(ctx, freeScript, l.keys[:2], freeArgs{token: l.token, fence: l.fence}.argv()).Int64()
+		n, err := c.calls.Run(ctx, freeScript, l.keys[:2], l.token, l.fence).Int64()
 		if err != nil || n != replyQueued {
 			c.endRelease(ctx, l.key, l.keys, l.token, nil, outcome{lost: err != nil}, nil)
 			return gone(n), err
@@ -355,7 +330,7 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 }
 
 func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
-	n, err := c.run(ctx, pttlScript, l.keys[:1], []any{l.token}).Int64()
+	n, err := c.calls.Run(ctx, pttlScript, l.keys[:1], l.token).Int64()
 	if err != nil || n == -3 {
 		return 0, false, err
 	}

@@ -125,7 +125,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, a re
 // having changed nothing, when tok no longer holds the lock.
 func (c *Client) pass(ctx context.Context, keys []string, tok string, along *waiter) (outcome, <-chan struct{}, error) {
 	began := time.Now()
-	cmd, ended := c.calls.Start(ctx, passScript, keys[:2], passArgs{holder: tok, next: along.tok, nextTTL: along.ttl}.argv()...)
+	cmd, ended := c.calls.Start(ctx, passScript, keys[:2], tok, along.tok, ms(along.ttl))
 	fence, err := cmd.Int64()
 	switch {
 	case err != nil:

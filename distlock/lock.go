@@ -269,8 +269,16 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 	return l, ok
 }
 
-// run holds l while fn runs and releases it afterwards, also when fn panics.
-func run(ctx context.Context, l *Lock, fn func(ctx context.Context) error) (err error) {
+// do obtains a lock by obtain, holds it while fn runs and releases it
+// afterwards, also when fn panics.
+func do(ctx context.Context, key string, fn func(ctx context.Context) error, obtain func() (*Lock, error)) (err error) {
+	if fn == nil {
+		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	l, err := obtain()
+	if err != nil {
+		return err
+	}
 	hctx := l.Hold(ctx)
 	defer func() {
 		// The caller may have given up, which may be why fn returned, but the
