@@ -53,6 +53,7 @@ type RedisClient interface {
 // A Client is safe for simultaneous use by multiple goroutines. Use one per
 // process: every Client holds one subscription.
 type Client struct {
+	base
 	rdb     RedisClient
 	cfg     Config
 	channel string // where releases tell this client's waiters to look
@@ -60,10 +61,8 @@ type Client struct {
 	local [localShards]keyShard // what this client knows of its keys: see line.go
 	seed  maphash.Seed
 	calls *scriptbatch.Sender
-	holds keepalive.Timers
-	clock releaseClock
 	// cleanups counts the leaves under way that no caller waits for.
-	cleanups group
+	cleanups keepalive.Group
 
 	mu      sync.Mutex                 // protects the fields below
 	waiters map[string]*waiter         // by token: whom a release's message wakes, no more
@@ -86,6 +85,7 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	return &Client{
+		base:    base{drift: defaultDriftFactor, observer: cfg.Observer},
 		rdb:     rdb,
 		cfg:     cfg,
 		channel: cfg.Prefix + "grants:" + token.New(),
@@ -159,12 +159,8 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 // client that never subscribed. It does not close the Redis client.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
-	if !c.closed.Load() {
-		c.closed.Store(true)
+	if !c.closed.Swap(true) {
 		close(c.closing)
-		if s := c.sub.Load(); s != nil {
-			close(s.stop)
-		}
 	}
 	s := c.sub.Load()
 	var ps *redis.PubSub
@@ -183,13 +179,15 @@ func (c *Client) Close(ctx context.Context) error {
 			return fmt.Errorf("distlock: close: %w", context.Cause(ctx))
 		}
 	}
-	if err := errors.Join(c.cleanups.wait(ctx), c.calls.Close(ctx), c.holds.Wait(ctx)); err != nil {
+	cleanups := c.cleanups.Wait(ctx)
+	if cleanups != nil {
+		cleanups = fmt.Errorf("clean-ups still under way: %w", cleanups)
+	}
+	if err := errors.Join(cleanups, c.calls.Close(ctx), c.holds.Wait(ctx)); err != nil {
 		return fmt.Errorf("distlock: close: %w", err)
 	}
 	return nil
 }
-
-func (c *Client) observer() contend.Observer { return c.cfg.Observer }
 
 func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
 	ttl, err := checkObtain(ctx, key, ttl)
@@ -223,7 +221,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		return nil, c.takeFailed(ctx, key, keys, w, wait, err)
 	case l == nil:
 		err := fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
-		reportMiss(ctx, c.cfg.Observer, contend.EventConflict, key, time.Time{}, 1, err)
+		reportMiss(ctx, c.observer, contend.EventConflict, key, time.Time{}, 1, err)
 		return nil, err
 	}
 	c.onLine(key, func(ln *line) { ln.obtained(w, l.ValidUntil(), false) })
@@ -242,7 +240,7 @@ func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *w
 		// Obtain's ctx ended before it had the lock: a wait cut short,
 		// whether or not it had begun.
 		err := fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
-		reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, time.Time{}, 1, err)
+		reportMiss(ctx, c.observer, contend.EventGaveUp, key, time.Time{}, 1, err)
 		return err
 	}
 	return fmt.Errorf("distlock: obtain %q: %w", key, err)
@@ -337,17 +335,8 @@ func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 	return time.Duration(max(n, 0)) * time.Millisecond, true, nil
 }
 
-// margin allows for this process's clock running slower than Redis's: a
-// lease that Redis ends after ttl by its clock may have lasted ttl less the
-// margin by this one's (see [Lock.ValidUntil]).
-func (c *Client) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, defaultDriftFactor) }
-
 // validity is the deadline of a lease of ttl granted by a call that began
 // at began.
 func (c *Client) validity(began time.Time, ttl time.Duration) time.Time {
 	return began.Add(ttl - c.margin(ttl))
 }
-
-func (c *Client) holdTimers() *keepalive.Timers { return &c.holds }
-
-func (c *Client) releaseContext(ctx context.Context) context.Context { return c.clock.context(ctx) }

@@ -24,8 +24,7 @@ type subscriber struct {
 	ps      *redis.PubSub // set and replaced under the client's mu
 	settled chan struct{} // closed once the first subscription succeeded or failed
 	healthy atomic.Bool   // subscribed now: releases' messages will arrive
-	stop    chan struct{} // closed by Close
-	done    chan struct{} // closed when the goroutine has ended
+	done    chan struct{} // closed when the goroutine has ended; it ends with Close
 }
 
 // A grant is what wakes a waiter. One with a fence is a hand-over by a
@@ -40,33 +39,27 @@ type grant struct {
 }
 
 // register records w for its wake-ups, starting the subscriber if this is
-// the client's first wait.
-func (c *Client) register(w *waiter) error {
+// the client's first wait, and returns the subscriber.
+func (c *Client) register(w *waiter) (*subscriber, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed.Load() {
-		return contend.ErrClosed
+		return nil, contend.ErrClosed
 	}
-	if c.sub.Load() == nil {
-		s := &subscriber{
-			settled: make(chan struct{}),
-			stop:    make(chan struct{}),
-			done:    make(chan struct{}),
-		}
+	s := c.sub.Load()
+	if s == nil {
+		s = &subscriber{settled: make(chan struct{}), done: make(chan struct{})}
 		c.sub.Store(s)
 		go c.listen(s)
 	}
 	c.waiters[w.tok] = w
-	return nil
+	return s, nil
 }
-
-// subscriber returns the subscriber, which a registered waiter has started.
-func (c *Client) subscriber() *subscriber { return c.sub.Load() }
 
 // listening reports whether the subscription is confirmed: messages
 // published now reach this client.
 func (c *Client) listening() bool {
-	s := c.subscriber()
+	s := c.sub.Load()
 	return s != nil && s.healthy.Load()
 }
 
@@ -85,13 +78,6 @@ func parseGrant(msg string) (tok string, g grant) {
 		g = grant{}
 	}
 	return tok, g
-}
-
-// waiter returns the waiter of tok, or nil if it is no longer waiting.
-func (c *Client) waiter(tok string) *waiter {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.waiters[tok]
 }
 
 // wake wakes w with g. A grant for a waiter that has just given up is not
@@ -122,7 +108,9 @@ func wake(w *waiter, g grant) {
 // wakePublished makes the waiter that a published message names look at
 // the lock: the message is only a hint, which the waiter's attempt checks.
 func (c *Client) wakePublished(tok string) {
-	if w := c.waiter(tok); w != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w := c.waiters[tok]; w != nil {
 		wake(w, grant{})
 	}
 }
@@ -168,7 +156,7 @@ func (c *Client) listen(s *subscriber) {
 	for {
 		msg, err := s.ps.ReceiveTimeout(context.Background(), healthInterval)
 		select {
-		case <-s.stop:
+		case <-c.closing:
 			return
 		default:
 		}
@@ -238,7 +226,7 @@ func (c *Client) resubscribe(s *subscriber, st *listenState) bool {
 	t := time.NewTimer(retry.Delay(st.failures))
 	defer t.Stop()
 	select {
-	case <-s.stop:
+	case <-c.closing:
 		return false
 	case <-t.C:
 	}

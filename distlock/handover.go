@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sync"
 	"time"
 )
 
@@ -155,9 +154,9 @@ func (c *Client) leave(ctx context.Context, key string, keys []string, tok strin
 // from then.
 func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok string, after <-chan struct{}) {
 	ctx = context.WithoutCancel(ctx)
-	c.cleanups.add()
+	c.cleanups.Add()
 	go func() {
-		defer c.cleanups.done()
+		defer c.cleanups.Done()
 		if after != nil {
 			<-after
 		}
@@ -168,44 +167,3 @@ func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok str
 // waiterLease is how long a waiter's place in a queue lasts without being
 // renewed: three rechecks.
 func (c *Client) waiterLease() time.Duration { return 3 * c.cfg.Recheck }
-
-// A group counts the clean-ups under way, for Close to wait for. Unlike a
-// sync.WaitGroup, it may be added to while it is waited for.
-type group struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n drops to 0; nil while it is 0
-}
-
-func (g *group) add() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.n++; g.idle == nil {
-		g.idle = make(chan struct{})
-	}
-}
-
-func (g *group) done() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.n--; g.n == 0 {
-		close(g.idle)
-		g.idle = nil
-	}
-}
-
-// wait waits until no clean-up is under way, or ctx ends.
-func (g *group) wait(ctx context.Context) error {
-	g.mu.Lock()
-	idle := g.idle
-	g.mu.Unlock()
-	if idle == nil {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("clean-ups still under way: %w", context.Cause(ctx))
-	}
-}

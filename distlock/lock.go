@@ -21,16 +21,27 @@ type lockOwner interface {
 	release(ctx context.Context, l *Lock) (held bool, err error)
 	// pttl returns the lease l has left, if it holds the lock.
 	pttl(ctx context.Context, l *Lock) (left time.Duration, held bool, err error)
-	// margin is taken off a lease of ttl for the validity deadline: the
-	// clock drift allowance of a quorum, zero on one node.
-	margin(ttl time.Duration) time.Duration
-	// observer is the Observer of the owner's configuration, or nil.
-	observer() contend.Observer
-	// holdTimers runs the watchdogs of the owner's holds.
-	holdTimers() *keepalive.Timers
-	// releaseContext is the context of a release: ctx's values, without
-	// its cancellation, ending releaseTimeout later.
-	releaseContext(ctx context.Context) context.Context
+	// locks is what the owner keeps for its locks.
+	locks() *base
+}
+
+// A base is what a Client and a Quorum keep for the locks they make.
+type base struct {
+	drift    float64          // the share of a lease allowed for clocks' drift
+	observer contend.Observer // the configuration's, or nil
+	holds    keepalive.Timers // the watchdogs of the holds
+	clock    releaseClock     // the contexts of releases
+}
+
+func (b *base) locks() *base { return b }
+
+// margin is taken off a lease of ttl for its validity deadline.
+func (b *base) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, b.drift) }
+
+// driftMargin is the allowance for clocks that run at different rates over
+// a lease of ttl: factor of it, and 2ms, as Redlock allows.
+func driftMargin(ttl time.Duration, factor float64) time.Duration {
+	return time.Duration(float64(ttl)*factor) + 2*time.Millisecond
 }
 
 // A Lock is one acquisition of a key: the key, the random token that only
@@ -47,6 +58,7 @@ type lockOwner interface {
 // A Lock is safe for simultaneous use by multiple goroutines.
 type Lock struct {
 	owner lockOwner
+	base  *base // the owner's
 	key   string
 	keys  []string // the Redis keys; keys[0] is the lock
 	token string
@@ -69,7 +81,7 @@ type Lock struct {
 }
 
 func newLock(owner lockOwner, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
-	l := &Lock{owner: owner, key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
+	l := &Lock{owner: owner, base: owner.locks(), key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
 	l.valid.Store(&valid)
 	return l
 }
@@ -159,7 +171,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) (bool, error) {
 	began := time.Now()
 	held, err := l.owner.refresh(ctx, l, ttl)
 	if err == nil && held {
-		l.moveValid(began.Add(ttl - l.owner.margin(ttl)))
+		l.moveValid(began.Add(ttl - l.base.margin(ttl)))
 	}
 	return held, err
 }
@@ -183,9 +195,9 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 		l.holdCtx = hctx
 		return hctx
 	}
-	ttl := l.ttl - l.owner.margin(l.ttl)
+	ttl := l.ttl - l.base.margin(l.ttl)
 	obtained := l.ValidUntil().Add(-ttl)
-	l.hold = l.owner.holdTimers().Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
+	l.hold = l.base.holds.Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
 		held, err := l.extend(ctx, l.ttl)
 		if err != nil {
 			l.reportHold(ctx, contend.EventFailed, err)
@@ -198,7 +210,7 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 	// hold that ends with its work starts no goroutine for it. Without an
 	// Observer there is nothing to report, and nothing is readied beside
 	// the work's own goroutine when the lease runs out.
-	if l.owner.observer() != nil {
+	if l.base.observer != nil {
 		l.stopLostEvent = context.AfterFunc(hctx, func() {
 			if cause := context.Cause(hctx); errors.Is(cause, contend.ErrLockLost) && l.lossReported.CompareAndSwap(false, true) {
 				l.reportHold(hctx, contend.EventLost, cause)
@@ -236,7 +248,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		}
 		l.hold = nil
 	}
-	held, err := l.owner.release(l.owner.releaseContext(ctx), l)
+	held, err := l.owner.release(l.base.clock.context(ctx), l)
 	if err != nil {
 		err = fmt.Errorf("distlock: release %q: %w", l.key, err)
 		l.reportHold(ctx, contend.EventFailed, err)

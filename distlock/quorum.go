@@ -13,7 +13,6 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/ctxerr"
-	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
 )
@@ -82,11 +81,10 @@ type QuorumConfig struct {
 // A Quorum never closes the node clients. It is safe for simultaneous use
 // by multiple goroutines.
 type Quorum struct {
+	base
 	nodes  []*scriptbatch.Sender
 	cfg    QuorumConfig
 	quorum int
-	holds  keepalive.Timers
-	clock  releaseClock
 }
 
 var _ contend.Guard = (*Quorum)(nil)
@@ -127,7 +125,7 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 		// every other until it times out.
 		senders[i] = scriptbatch.New(n, scriptbatch.Limit(n))
 	}
-	return &Quorum{nodes: senders, cfg: cfg, quorum: len(nodes)/2 + 1}, nil
+	return &Quorum{base: base{drift: cfg.DriftFactor, observer: cfg.Observer}, nodes: senders, cfg: cfg, quorum: len(nodes)/2 + 1}, nil
 }
 
 // TryObtain makes one attempt to lock key for ttl on a majority of the
@@ -166,8 +164,6 @@ func (q *Quorum) Close(ctx context.Context) error {
 	return nil
 }
 
-func (q *Quorum) observer() contend.Observer { return q.cfg.Observer }
-
 func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
 	ttl, err := checkObtain(ctx, key, ttl)
 	if err != nil {
@@ -180,7 +176,7 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		defer cancel()
 	}
 	giveUp := func(attempt int) error {
-		return gaveUp(ctx, q.cfg.Observer, key, began, attempt, ctxerr.Of(ctx))
+		return gaveUp(ctx, q.observer, key, began, attempt, ctxerr.Of(ctx))
 	}
 	for attempt := 1; ; attempt++ {
 		l, err := q.attempt(ctx, key, ttl)
@@ -197,7 +193,7 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		if !wait || !errors.Is(err, contend.ErrConflict) {
 			err = fmt.Errorf("distlock: obtain %q: %w", key, err)
 			if errors.Is(err, contend.ErrConflict) {
-				reportMiss(ctx, q.cfg.Observer, contend.EventConflict, key, began, attempt, err)
+				reportMiss(ctx, q.observer, contend.EventConflict, key, began, attempt, err)
 			}
 			return nil, err
 		}
@@ -223,7 +219,7 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 		return l, nil
 	}
 	// Also the nodes that failed: their SET may have run, its reply lost.
-	_, _ = q.release(q.releaseContext(ctx), l)
+	_, _ = q.release(q.clock.context(ctx), l)
 	switch {
 	case err != nil:
 		return nil, err
@@ -272,18 +268,6 @@ func (q *Quorum) vote(ctx context.Context, what string, op func(ctx context.Cont
 	}
 	return false, fmt.Errorf("%s reached %d of %d nodes: %w", what, yes.Load()+no.Load(), len(q.nodes),
 		errors.Join(append([]error{ErrNoQuorum}, errs...)...))
-}
-
-func (q *Quorum) holdTimers() *keepalive.Timers { return &q.holds }
-
-func (q *Quorum) releaseContext(ctx context.Context) context.Context { return q.clock.context(ctx) }
-
-func (q *Quorum) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, q.cfg.DriftFactor) }
-
-// driftMargin is the allowance for clocks that run at different rates over
-// a lease of ttl: factor of it, and 2ms, as Redlock allows.
-func driftMargin(ttl time.Duration, factor float64) time.Duration {
-	return time.Duration(float64(ttl)*factor) + 2*time.Millisecond
 }
 
 func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {

@@ -31,26 +31,26 @@ import (
 func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter, attempt bool, tries int) (l *Lock, err error) {
 	began := time.Now()
 	// Close waits for the wait to end, and for the clean-up it starts.
-	c.cleanups.add()
+	c.cleanups.Add()
 	defer func() {
 		if l == nil {
 			// Whatever w may have in Redis is given up, even though ctx may
 			// have ended: that may be why.
 			c.depart(ctx, key, keys, w)
 		}
-		c.cleanups.done()
+		c.cleanups.Done()
 	}()
-	if err := c.register(w); err != nil {
+	s, err := c.register(w)
+	if err != nil {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	defer c.unregister(w.tok)
-	s := c.subscriber()
 	c.awaitSubscription(ctx, s)
 	giveUpBy := began.Add(c.cfg.MaxWait)
 	for attempts := 0; ; {
 		if attempt {
 			if cause := ctxerr.Of(ctx); cause != nil {
-				return nil, gaveUp(ctx, c.cfg.Observer, key, began, tries+attempts, cause)
+				return nil, gaveUp(ctx, c.observer, key, began, tries+attempts, cause)
 			}
 			attempts++
 			if l, err := c.attemptInLine(ctx, key, keys, w, began, tries+attempts, attempts == 1); l != nil || err != nil {
@@ -60,7 +60,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 		g, cause := c.sleep(ctx, s, w, attempts, giveUpBy)
 		switch {
 		case cause != nil:
-			return nil, gaveUp(ctx, c.cfg.Observer, key, began, tries+attempts, cause)
+			return nil, gaveUp(ctx, c.observer, key, began, tries+attempts, cause)
 		case g.fence > 0: // handed over by a release here, already on the line
 			l := newLock(c, key, keys, w.tok, g.fence, w.ttl, c.validity(g.at, w.ttl))
 			l.reportObtained(ctx, began, max(tries+attempts, 1))
@@ -79,7 +79,7 @@ func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, w
 	l, err := c.attempt(ctx, key, keys, w)
 	if err != nil {
 		if cause := ctxerr.Of(ctx); cause != nil {
-			return nil, gaveUp(ctx, c.cfg.Observer, key, began, tries, cause)
+			return nil, gaveUp(ctx, c.observer, key, began, tries, cause)
 		}
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
