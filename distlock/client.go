@@ -256,41 +256,32 @@ func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *w
 // the one place a newcomer can go first. The lock is then marked, so that
 // the newcomer's release serves the waiters.
 func (c *Client) take(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
-	began := time.Now()
-	tok, ttl := w.tok, w.ttl
-	cmd, ended := c.calls.Start(ctx, takeScript, keys[:3], leaseArgs(tok, ttl)...)
-	w.ended = ended
-	fence, err := cmd.Int64()
-	switch {
-	case err != nil:
-		return nil, err // the caller's clean-up releases what it may have taken
-	case fence == 0:
-		return nil, nil // held
+	l, err := c.try(ctx, key, keys, w, takeScript, keys[:3], leaseArgs(w.tok, w.ttl))
+	if l != nil {
+		l.taken = true
 	}
-	l := newLock(c, key, keys, tok, fence, ttl, c.validity(began, ttl))
-	l.taken = true
-	return l, nil
+	return l, err // on an error, the caller's clean-up releases what it may have taken
 }
 
 // attempt runs the acquire script once, queueing the caller if the key is
 // held. It returns the lock when the caller holds it, nil when not.
 func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
+	args := acquireArgs(w.tok, w.ttl, c.channel, c.waiterLease(), c.grantLease(w.ttl))
+	return c.try(ctx, key, keys, w, acquireScript, keys, args)
+}
+
+// try runs script, on scriptKeys of keys, for w, whose last call it is: a
+// script that answers with w's fencing token when w holds the lock, 0 when
+// not.
+func (c *Client) try(ctx context.Context, key string, keys []string, w *waiter, script *redis.Script, scriptKeys []string, args []any) (*Lock, error) {
 	began := time.Now()
-	tok, ttl := w.tok, w.ttl
-	cmd, ended := c.calls.Start(ctx, acquireScript, keys,
-		acquireArgs(tok, ttl, c.channel, c.waiterLease(), c.grantLease(ttl))...)
+	cmd, ended := c.calls.Start(ctx, script, scriptKeys, args...)
 	w.ended = ended
-	res, err := cmd.Int64Slice()
-	if err != nil {
+	fence, err := cmd.Int64()
+	if err != nil || fence == 0 {
 		return nil, err
 	}
-	if len(res) != 2 {
-		return nil, fmt.Errorf("distlock: unexpected reply %v from the acquire script", res)
-	}
-	if res[0] != 1 {
-		return nil, nil
-	}
-	return newLock(c, key, keys, tok, res[1], ttl, c.validity(began, ttl)), nil
+	return newLock(c, key, keys, w.tok, fence, w.ttl, c.validity(began, w.ttl)), nil
 }
 
 // refresh, release and pttl make the Client a lockOwner.
@@ -323,7 +314,7 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 			return gone(n), err
 		}
 	}
-	reply, err := c.runRelease(ctx, l.key, l.keys, releaseArgs{token: l.token, fence: l.fence}, along, inTurn)
+	reply, err := c.runRelease(ctx, l.key, l.keys, l.token, l.fence, along, inTurn)
 	return gone(reply), err
 }
 

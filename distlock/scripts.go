@@ -59,29 +59,6 @@ func acquireArgs(token string, ttl time.Duration, channel string, waiterLease, g
 	return []any{token, ms(ttl), "1", channel, ms(waiterLease), ms(grantLease)}
 }
 
-// releaseArgs are release.lua's arguments.
-type releaseArgs struct {
-	token       string
-	fence       int64 // 0 for a waiter
-	givingUp    bool  // a waiter leaves, and may be queued
-	channel     string
-	waiterLease time.Duration
-	// next, if set, is the caller's waiter that the release takes along.
-	next *waiter
-	// nextInTurn: next is in its client's turn, and a holder hands it the
-	// lock without a look at the queue.
-	nextInTurn bool
-	nextGrant  time.Duration // next's grant lease
-}
-
-func (a releaseArgs) argv() []any {
-	argv := []any{a.token, a.fence, flag(a.givingUp), a.channel, ms(a.waiterLease)}
-	if a.next != nil {
-		argv = append(argv, a.next.tok, ms(a.nextGrant), ms(a.next.ttl), flag(a.nextInTurn))
-	}
-	return argv
-}
-
 // Replies of free.lua, and held of release.lua.
 const (
 	replyNotHeld  = 0  // another token took the key since
