@@ -35,7 +35,7 @@ type subscriber struct {
 // along and left it to check.
 type grant struct {
 	fence int64
-	at    time.Time
+	at    time.Duration // since epoch: a grant has no pointer, and its channel's buffer needs no allocation of its own
 }
 
 // register records w for its wake-ups, starting the subscriber if this is

@@ -66,7 +66,7 @@ type Lock struct {
 	ttl   time.Duration
 	taken bool // obtained by a Client's take, with nobody queued
 
-	valid atomic.Pointer[time.Time] // only ever moved later
+	valid atomic.Int64 // ValidUntil, since epoch; only ever moved later
 
 	report       holdReport  // set before the lock is returned, when observed
 	lossReported atomic.Bool // the hold's loss was reported, by the watchdog or Release
@@ -82,7 +82,7 @@ type Lock struct {
 
 func newLock(owner lockOwner, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
 	l := &Lock{owner: owner, base: owner.locks(), key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
-	l.valid.Store(&valid)
+	l.valid.Store(int64(valid.Sub(epoch)))
 	return l
 }
 
@@ -103,14 +103,18 @@ func (l *Lock) Fence() int64 { return l.fence }
 
 // ValidUntil returns the local deadline until which the lock is known to be
 // held, unless it was released or taken away by hand. See [Lock].
-func (l *Lock) ValidUntil() time.Time { return *l.valid.Load() }
+func (l *Lock) ValidUntil() time.Time { return epoch.Add(time.Duration(l.valid.Load())) }
+
+// epoch is the origin of the instants kept as numbers, on this process's
+// monotonic clock: a number is stored with no allocation.
+var epoch = time.Now()
 
 // moveValid moves the validity to v, if v is later: refreshes that return
 // out of order never move it back.
 func (l *Lock) moveValid(v time.Time) {
-	for {
+	for d := int64(v.Sub(epoch)); ; {
 		old := l.valid.Load()
-		if !v.After(*old) || l.valid.CompareAndSwap(old, &v) {
+		if d <= old || l.valid.CompareAndSwap(old, d) {
 			return
 		}
 	}

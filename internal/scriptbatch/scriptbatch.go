@@ -134,6 +134,7 @@ type call struct {
 	args   []any
 	cmd    *redis.Cmd    // set before done is closed
 	done   chan struct{} // closed when cmd is set
+	alone  [1]*call      // the batch of this call alone, without an allocation of its own
 }
 
 // Run runs script and returns its reply, or, when ctx ends first, an error
@@ -182,7 +183,8 @@ func (s *Sender) Start(ctx context.Context, script *redis.Script, keys []string,
 		return cl.cmd, ended
 	}
 	cl.done = make(chan struct{})
-	s.start([]*call{cl})
+	cl.alone[0] = cl
+	s.start(cl.alone[:])
 	return cl.wait(), cl.done
 }
 
