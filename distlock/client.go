@@ -98,8 +98,9 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 
 // keys returns the lock, fence, queue and waiter keys of key. They share the
 // hash tag {key}, so a Cluster keeps them on one slot and one script can
-// touch them all. They are cut from one string: one allocation, not four.
-func (c *Client) keys(key string) []string {
+// touch them all. They are cut from one string: one allocation, not four,
+// and kept in into.
+func (c *Client) keys(key string, into *[4]string) []string {
 	base := len(c.cfg.Prefix) + len(key) + 2
 	var b strings.Builder
 	b.Grow(3*base + len(":fence:queue:waiters"))
@@ -113,7 +114,8 @@ func (c *Client) keys(key string) []string {
 	s := b.String()
 	fence := base + len(":fence")
 	queue := fence + base + len(":queue")
-	return []string{s[:base], s[:fence], s[fence:queue], s[queue:]}
+	*into = [4]string{s[:base], s[:fence], s[fence:queue], s[queue:]}
+	return into[:]
 }
 
 // TryObtain makes one attempt to lock key for ttl. It returns an error
@@ -197,8 +199,8 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	if c.closed.Load() {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrClosed)
 	}
-	keys := c.keys(key)
 	w := &waiter{tok: token.New(), ttl: ttl}
+	keys := c.keys(key, &w.keys)
 	if wait {
 		// Behind this client's head for the key, the waiter defers; else it
 		// becomes the head, and on a key that made this client's last waiter

@@ -88,6 +88,7 @@ const (
 type waiter struct {
 	tok   string
 	ttl   time.Duration
+	keys  [4]string  // its key's in Redis (Client.keys); its Lock shares them
 	wake  chan grant // buffered; what a release or a message wakes it with
 	phase phase
 	// ended closes when the waiter's last call to Redis has ended, also
