@@ -245,13 +245,6 @@ func isTimeout(err error) bool {
 // isNil reports whether v is nil or a typed nil pointer, such as a
 // (*redis.Client)(nil) passed as an interface.
 func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
 	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
+	return v == nil || rv.Kind() == reflect.Pointer && rv.IsNil()
 }
