@@ -143,14 +143,13 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Recheck == 0 {
 		cfg.Recheck = defaultRecheck
 	}
-	if cfg.Recheck < time.Millisecond {
-		return cfg, fmt.Errorf("distlock: Config.Recheck %v is below 1ms: %w", cfg.Recheck, contend.ErrInvalid)
-	}
 	if cfg.GrantLease == 0 {
 		cfg.GrantLease = 2 * cfg.Recheck
 	}
-	if cfg.GrantLease < time.Millisecond {
-		return cfg, fmt.Errorf("distlock: Config.GrantLease %v is below 1ms: %w", cfg.GrantLease, contend.ErrInvalid)
+	for name, d := range map[string]time.Duration{"Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease} {
+		if d < time.Millisecond {
+			return cfg, fmt.Errorf("distlock: Config.%s %v is below 1ms: %w", name, d, contend.ErrInvalid)
+		}
 	}
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > cfg.Recheck {
 		cfg.Backoff.MaxDelay = min(500*time.Millisecond, cfg.Recheck) // contend.Retry's default MaxDelay

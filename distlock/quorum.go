@@ -175,30 +175,25 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		ctx, cancel = context.WithTimeoutCause(ctx, q.cfg.MaxWait, errMaxWait)
 		defer cancel()
 	}
-	giveUp := func(attempt int) error {
-		return gaveUp(ctx, q.observer, key, began, attempt, ctxerr.Of(ctx))
-	}
 	for attempt := 1; ; attempt++ {
 		l, err := q.attempt(ctx, key, ttl)
 		if err == nil {
 			l.reportObtained(ctx, began, attempt)
 			return l, nil
 		}
-		if wait && ctxerr.Of(ctx) != nil {
-			// ctx ended during the attempt, cutting the nodes' calls short:
-			// the wait ended, as it does in the backoff below, whatever
-			// the nodes that did answer said.
-			return nil, giveUp(attempt)
-		}
-		if !wait || !errors.Is(err, contend.ErrConflict) {
+		// ctx ended during the attempt, cutting the nodes' calls short:
+		// the wait ended, as it does in the backoff below, whatever the
+		// nodes that did answer said.
+		ended := wait && ctxerr.Of(ctx) != nil
+		if !ended && (!wait || !errors.Is(err, contend.ErrConflict)) {
 			err = fmt.Errorf("distlock: obtain %q: %w", key, err)
 			if errors.Is(err, contend.ErrConflict) {
 				reportMiss(ctx, q.observer, contend.EventConflict, key, began, attempt, err)
 			}
 			return nil, err
 		}
-		if werr := q.cfg.Backoff.Wait(ctx, attempt); werr != nil {
-			return nil, giveUp(attempt)
+		if ended || q.cfg.Backoff.Wait(ctx, attempt) != nil {
+			return nil, gaveUp(ctx, q.observer, key, began, attempt, ctxerr.Of(ctx))
 		}
 	}
 }
