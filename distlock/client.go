@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,20 +100,12 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 // touch them all. They are cut from one string: one allocation, not four,
 // and kept in into.
 func (c *Client) keys(key string, into *[4]string) []string {
-	base := len(c.cfg.Prefix) + len(key) + 2
-	var b strings.Builder
-	b.Grow(3*base + len(":fence:queue:waiters"))
-	for _, suffix := range []string{":fence", ":queue", ":waiters"} {
-		b.WriteString(c.cfg.Prefix)
-		b.WriteByte('{')
-		b.WriteString(key)
-		b.WriteByte('}')
-		b.WriteString(suffix)
-	}
-	s := b.String()
-	fence := base + len(":fence")
-	queue := fence + base + len(":queue")
-	*into = [4]string{s[:base], s[:fence], s[fence:queue], s[queue:]}
+	p := c.cfg.Prefix
+	s := p + "{" + key + "}:fence" + p + "{" + key + "}:queue" + p + "{" + key + "}:waiters" // one concatenation
+	lock := len(p) + len(key) + 2
+	fence := lock + len(":fence")
+	queue := fence + lock + len(":queue")
+	*into = [4]string{s[:lock], s[:fence], s[fence:queue], s[queue:]}
 	return into[:]
 }
 

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,7 +23,8 @@ import (
 // process at every release.
 type subscriber struct {
 	ps      *redis.PubSub // set and replaced under the client's mu
-	settled chan struct{} // closed once the first subscription succeeded or failed
+	settled chan struct{} // closed by settle once the first subscription succeeded or failed
+	settle  func()
 	healthy atomic.Bool   // subscribed now: releases' messages will arrive
 	done    chan struct{} // closed when the goroutine has ended; it ends with Close
 }
@@ -49,6 +51,7 @@ func (c *Client) register(w *waiter) (*subscriber, error) {
 	s := c.sub.Load()
 	if s == nil {
 		s = &subscriber{settled: make(chan struct{}), done: make(chan struct{})}
+		s.settle = sync.OnceFunc(func() { close(s.settled) })
 		c.sub.Store(s)
 		go c.listen(s)
 	}
@@ -180,16 +183,8 @@ func (c *Client) listen(s *subscriber) {
 // listenState is what listen keeps between messages.
 type listenState struct {
 	subscribed bool // once: later confirmations are resubscriptions
-	settled    bool // s.settled is closed
 	pinged     bool // a ping is waiting for its answer
 	failures   int  // subscriptions failed in a row
-}
-
-func (st *listenState) settle(s *subscriber) {
-	if !st.settled {
-		st.settled = true
-		close(s.settled)
-	}
 }
 
 // received handles a message of the subscription: a confirmation, after
@@ -203,7 +198,7 @@ func (c *Client) received(s *subscriber, st *listenState, msg any) {
 		}
 		st.failures = 0
 		s.healthy.Store(true)
-		st.settle(s)
+		s.settle()
 		if st.subscribed {
 			c.wakeAll()
 		}
@@ -219,7 +214,7 @@ func (c *Client) received(s *subscriber, st *listenState, msg any) {
 // is closing.
 func (c *Client) resubscribe(s *subscriber, st *listenState) bool {
 	s.healthy.Store(false)
-	st.settle(s)
+	s.settle()
 	st.pinged = false
 	st.failures++
 	retry := contend.Retry{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
