@@ -68,7 +68,7 @@ func TestTypedNilDBIsRefused(t *testing.T) {
 		require.ErrorIs(t, err, contend.ErrInvalid)
 		_, err = atomic.UpdateReturning(t.Context(), db, nil, decrement, "p")
 		require.ErrorIs(t, err, contend.ErrInvalid)
-		_, err = atomic.NewClaimer(t.Context(), db, plain)
+		_, err = atomic.NewClaimer(db, plain)
 		require.ErrorIs(t, err, contend.ErrInvalid)
 	})
 }

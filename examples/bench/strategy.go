@@ -397,7 +397,7 @@ func atomicOp(ctx context.Context, db contend.DB, d dialect, workload string) (h
 			return err
 		}, func() {}, nil
 	}
-	cl, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "jobs"})
+	cl, err := atomic.NewClaimer(db, atomic.ClaimerConfig{Table: "jobs"})
 	if err != nil {
 		return nil, nil, err
 	}

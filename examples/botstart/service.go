@@ -42,7 +42,7 @@ type Service struct {
 // NewService prepares a service on db, whose bots table must exist. It never
 // closes db.
 func NewService(ctx context.Context, db *sqlx.DB, engines Spawner, logger *log.Logger) (*Service, error) {
-	claims, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id"})
+	claims, err := atomic.NewClaimer(db, atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id"})
 	if err != nil {
 		return nil, fmt.Errorf("botstart: %w", err)
 	}
