@@ -27,7 +27,7 @@ func TestClaimInsideARowLockJoinsItsTransaction(t *testing.T) {
 			db := testserver.Open(t, driver, url)
 			h := testserver.Handle(t, driver, url)
 			bots(t, db, "b")
-			l, err := pessimistic.New(h, pessimistic.Config{Table: "bots"})
+			l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "bots"})
 			require.NoError(t, err)
 			c := claimer(t, h, leased)
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)

@@ -28,7 +28,7 @@ func TestAdvisoryAgreesWithPlainSQL(t *testing.T) {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
-			try := advisory(t, db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
+			try := advisory(t, db, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait})
 			ctx := t.Context()
 			key := testserver.RandomName("report:2024-06:")
 			plainTry := func() bool {
@@ -100,7 +100,7 @@ func TestAdvisoryKilledHolderReleases(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "postgres")
 	a := advisory(t, db, pessimistic.AdvisoryConfig{})
-	try := advisory(t, db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
+	try := advisory(t, db, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait})
 	ctx := t.Context()
 	key := testserver.RandomName("k:")
 	holding, release := make(chan int, 1), make(chan struct{})
