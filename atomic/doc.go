@@ -34,6 +34,11 @@
 // applied; [UpdateReturning] and [UpdateSelect] write nothing into the
 // caller's variables once they have returned.
 //
+// [NewClaimer] does no I/O: a Claimer prepares its statements at its first
+// call, under that call's ctx, and owns them, and the goroutines that
+// release claims whose outcome was unknown, until [Claimer.Close]. [Update]
+// and its kin hold nothing.
+//
 // [ClaimerConfig.Observer] hears, as a [contend.Event] of strategy "atomic",
 // every claim made (with how long it took) or found held, and the end of
 // every claim, released or lost, with how long it was held; [Update] has no

@@ -79,6 +79,12 @@
 // it notices the session is gone: set idle_in_transaction_session_timeout
 // and tcp_keepalives_* on the server to bound that too.
 //
+// A Locker and an Advisory hold nothing between calls (no goroutine, no
+// connection, no prepared statement), so they have no Close: what a call
+// does after its ctx ended, its ROLLBACK, is bounded by FinishTimeout.
+// Their constructors do no I/O: a table that does not exist shows in the
+// first call's error.
+//
 // # Why FOR NO KEY UPDATE
 //
 // The default lock, [ForNoKeyUpdate], keeps out every other writer and
