@@ -110,11 +110,12 @@ func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
 	return a, nil
 }
 
-// Lock takes key's advisory lock and runs fn in the same transaction, which
+// Do takes key's advisory lock and runs fn in the same transaction, which
 // it commits when fn returns nil and rolls back otherwise, also when fn
-// panics (re-raised). It returns what [Locker.Lock] does, never
+// panics (re-raised). fn reaches the transaction with [contend.Querier]
+// (pgxdb.Querier under pgx). It returns what [Locker.Do] does, never
 // [contend.ErrNotFound].
-func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
+func (a *Advisory) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if key == "" {
 		return fmt.Errorf("pessimistic: advisory lock: empty key: %w", contend.ErrInvalid)
 	}
@@ -123,7 +124,7 @@ func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Con
 	}
 	what := func() string { return "advisory " + strconv.Quote(key) }
 	if a.pool != nil {
-		return a.lockSession(ctx, key, what, fn)
+		return a.lockSession(ctx, key, what, txFn(fn))
 	}
 	return a.r.run(ctx, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		if a.r.mode == Wait {
@@ -138,14 +139,5 @@ func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Con
 			return fmt.Errorf("held by another transaction: %w", contend.ErrConflict)
 		}
 		return nil
-	}, fn)
-}
-
-// Do is [Advisory.Lock] for a fn that reaches the transaction through
-// [contend.Querier] only: the [contend.Guard] form.
-func (a *Advisory) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("pessimistic: advisory lock %q: nil fn: %w", key, contend.ErrInvalid)
-	}
-	return a.Lock(ctx, key, func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) })
+	}, txFn(fn))
 }

@@ -72,7 +72,7 @@ func TestAdvisoryWaits(t *testing.T) {
 	ctx := t.Context()
 	key := testserver.RandomName("report:")
 
-	require.NoError(t, a.Lock(ctx, key, func(ctx context.Context, tx contend.DBTX) error {
+	require.NoError(t, a.Do(ctx, key, func(ctx context.Context) error {
 		err := a.Do(t.Context(), key, func(context.Context) error { return nil })
 		require.ErrorIs(t, err, contend.ErrConflict, "the lock timeout ends the wait")
 		require.ErrorContains(t, err, "lock timeout")
@@ -106,7 +106,8 @@ func TestAdvisoryKilledHolderReleases(t *testing.T) {
 	holding, release := make(chan int, 1), make(chan struct{})
 	holderErr := make(chan error, 1)
 	go func() {
-		holderErr <- a.Lock(ctx, key, func(ctx context.Context, tx contend.DBTX) error {
+		holderErr <- a.Do(ctx, key, func(ctx context.Context) error {
+			tx := contend.Querier(ctx, nil)
 			var pid int
 			if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 				return err

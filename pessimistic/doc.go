@@ -16,8 +16,7 @@
 //	COMMIT;                                                  -- the next one goes
 //
 // A [Locker] does this for a configured table and key column: [Locker.Do] is
-// the [contend.Guard], [Locker.Lock] hands fn the transaction explicitly,
-// [Locker.LockMany] locks several rows in one stable order (so two callers
+// the [contend.Guard], [Locker.LockMany] locks several rows in one stable order (so two callers
 // locking the same rows cannot deadlock each other), and [Locker.Claim] takes
 // free rows for work-queue style processing (SKIP LOCKED). An [Advisory]
 // guard locks keys that have no row, with pg_advisory_xact_lock on a hash of

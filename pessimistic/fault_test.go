@@ -33,7 +33,8 @@ func TestKilledHolderReleasesAtOnce(t *testing.T) {
 			holding, release := make(chan int, 1), make(chan struct{})
 			holderErr := make(chan error, 1)
 			go func() {
-				holderErr <- l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+				holderErr <- l.Do(ctx, "p", func(ctx context.Context) error {
+					tx := contend.Querier(ctx, nil)
 					var pid int
 					if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 						return err
@@ -62,7 +63,8 @@ func TestKilledHolderReleasesAtOnce(t *testing.T) {
 			waiter := make(chan seen, 1)
 			go func() {
 				var s seen
-				s.err = l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+				s.err = l.Do(ctx, "p", func(ctx context.Context) error {
+					tx := contend.Querier(ctx, nil)
 					return tx.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = 'p'`).Scan(&s.stock)
 				})
 				waiter <- s
@@ -225,7 +227,8 @@ func TestPanicRollsBack(t *testing.T) {
 	products(t, db, 1, "p")
 	l := newLocker(t, db, pessimistic.LockerConfig{})
 	require.PanicsWithValue(t, "boom", func() {
-		_ = l.Lock(t.Context(), "p", func(ctx context.Context, tx contend.DBTX) error {
+		_ = l.Do(t.Context(), "p", func(ctx context.Context) error {
+			tx := contend.Querier(ctx, nil)
 			require.NoError(t, sell(ctx, tx, "p"))
 			panic("boom")
 		})
@@ -256,7 +259,8 @@ func TestSerializationFailureIsRetried(t *testing.T) {
 			waiter := make(chan seen, 1)
 			go func() {
 				var s seen
-				s.err = l.Lock(t.Context(), "p", func(ctx context.Context, tx contend.DBTX) error {
+				s.err = l.Do(t.Context(), "p", func(ctx context.Context) error {
+					tx := contend.Querier(ctx, nil)
 					return tx.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = 'p'`).Scan(&s.stock)
 				})
 				waiter <- s

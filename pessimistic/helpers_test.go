@@ -73,5 +73,5 @@ func waitBlocked(t testing.TB, db *sqlx.DB, pid, n int) {
 func requireFree(t testing.TB, db *sqlx.DB, id string) {
 	t.Helper()
 	l := newLocker(t, db, pessimistic.LockerConfig{OnHeld: pessimistic.NoWait})
-	require.NoError(t, l.Lock(t.Context(), id, func(context.Context, contend.DBTX) error { return nil }), "%s is still locked", id)
+	require.NoError(t, l.Do(t.Context(), id, func(context.Context) error { return nil }), "%s is still locked", id)
 }

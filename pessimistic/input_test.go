@@ -67,24 +67,19 @@ func TestCallsRefuseBadInput(t *testing.T) {
 	ctx := t.Context()
 	ran := false
 	fn := func(context.Context) error { ran = true; return nil }
-	txFn := func(context.Context, contend.DBTX) error { ran = true; return nil }
 	manyFn := func(context.Context, contend.DBTX, []string) error { ran = true; return nil }
 
 	for name, err := range map[string]error{
-		"Do empty key":            l.Do(ctx, "", fn),
-		"Do nil fn":               l.Do(ctx, "p", nil),
-		"Lock empty key":          l.Lock(ctx, "", txFn),
-		"Lock nil fn":             l.Lock(ctx, "p", nil),
-		"LockMany no keys":        l.LockMany(ctx, nil, manyFn),
-		"LockMany empty key":      l.LockMany(ctx, []string{"p", ""}, manyFn),
-		"LockMany nil fn":         l.LockMany(ctx, []string{"p"}, nil),
-		"Claim zero":              l.Claim(ctx, 0, manyFn),
-		"Claim negative":          l.Claim(ctx, -1, manyFn),
-		"Claim nil fn":            l.Claim(ctx, 1, nil),
-		"advisory Do empty key":   a.Do(ctx, "", fn),
-		"advisory Do nil fn":      a.Do(ctx, "k", nil),
-		"advisory Lock empty key": a.Lock(ctx, "", txFn),
-		"advisory Lock nil fn":    a.Lock(ctx, "k", nil),
+		"Do empty key":          l.Do(ctx, "", fn),
+		"Do nil fn":             l.Do(ctx, "p", nil),
+		"LockMany no keys":      l.LockMany(ctx, nil, manyFn),
+		"LockMany empty key":    l.LockMany(ctx, []string{"p", ""}, manyFn),
+		"LockMany nil fn":       l.LockMany(ctx, []string{"p"}, nil),
+		"Claim zero":            l.Claim(ctx, 0, manyFn),
+		"Claim negative":        l.Claim(ctx, -1, manyFn),
+		"Claim nil fn":          l.Claim(ctx, 1, nil),
+		"advisory Do empty key": a.Do(ctx, "", fn),
+		"advisory Do nil fn":    a.Do(ctx, "k", nil),
 	} {
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
 	}

@@ -112,9 +112,9 @@ type LockerConfig struct {
 	// no events, at no cost.
 	Observer contend.Observer
 	// NoLocalQueue turns off the queue a Locker keeps in front of each
-	// row lock. With it on (the default), the calls of [Locker.Lock] and
-	// [Locker.Do] of one Locker that want the same key queue in this
-	// process, in the order they came, holding nothing while they wait;
+	// row lock. With it on (the default), the calls of [Locker.Do] of one
+	// Locker that want the same key queue in this process, in the order
+	// they came, holding nothing while they wait;
 	// only the first two go on to the server, the one holding the lock and
 	// the next, which waits there with a connection so that it gets the
 	// lock the moment the holder commits. So a hot key's waiters hold two
@@ -247,12 +247,12 @@ func NewLocker(db contend.DB, cfg LockerConfig) (*Locker, error) {
 	}, nil
 }
 
-// Lock locks key's row and runs fn in the same transaction, which it commits
+// Do locks key's row and runs fn in the same transaction, which it commits
 // when fn returns nil and rolls back otherwise, also when fn panics (the panic
-// is re-raised). fn gets the transaction as tx and through [contend.Querier];
-// it must not use the pool (see [Locker]).
+// is re-raised). fn reaches the transaction with [contend.Querier]
+// (pgxdb.Querier under pgx); it must not use the pool (see [Locker]).
 //
-// Lock returns fn's error; an error matching [contend.ErrNotFound], without
+// Do returns fn's error; an error matching [contend.ErrNotFound], without
 // running fn, when key has no row; one matching [contend.ErrConflict] when the
 // lock was not had (the row is held under NoWait or SkipLocked, the lock
 // timeout passed, or a deadlock or serialization failure outlasted the retries
@@ -260,7 +260,7 @@ func NewLocker(db contend.DB, cfg LockerConfig) (*Locker, error) {
 // [contend.ErrConflict] and ctx's error when ctx ended while the lock was
 // awaited; ctx's error when ctx ended before or after; or the backend's
 // error.
-func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if key == "" {
 		return fmt.Errorf("pessimistic: lock: empty key: %w", contend.ErrInvalid)
 	}
@@ -270,16 +270,13 @@ func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Conte
 	what := func() string { return strconv.Quote(key) }
 	return l.r.runOn(ctx, l.r.db, key, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		return l.lockRow(ctx, tx, key)
-	}, fn)
+	}, txFn(fn))
 }
 
-// Do is [Locker.Lock] for a fn that reaches the transaction through
-// [contend.Querier] only: the [contend.Guard] form.
-func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("pessimistic: lock %q: nil fn: %w", key, contend.ErrInvalid)
-	}
-	return l.Lock(ctx, key, func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) })
+// txFn is fn as the runner takes it, with the transaction as an argument,
+// which Do's fn reaches through ctx instead.
+func txFn(fn func(ctx context.Context) error) func(ctx context.Context, tx contend.DBTX) error {
+	return func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) }
 }
 
 func (l *Locker) lockRow(ctx context.Context, tx sqldb.Tx, key string) error {
@@ -314,7 +311,8 @@ func (l *Locker) lockRow(ctx context.Context, tx sqldb.Tx, key string) error {
 }
 
 // LockMany locks the rows of keys with one statement, in the order of the key
-// column, and runs fn in the same transaction, like [Locker.Lock]. Because
+// column, and runs fn in the same transaction, like [Locker.Do], which it
+// also hands the transaction, as tx (nil under pgx). Because
 // every caller takes rows in that one order, two callers locking the same or
 // overlapping sets never deadlock each other, whatever order they list the
 // keys in. fn gets the locked keys as the database returns them (duplicates
@@ -373,8 +371,8 @@ func (l *Locker) LockMany(ctx context.Context, keys []string, fn func(ctx contex
 
 // Claim locks up to n rows of the table that no other transaction holds (SKIP
 // LOCKED, whatever the mode), the first in key order that meet
-// LockerConfig.ClaimWhere, and runs fn with their keys in the same transaction, like
-// [Locker.Lock]: the work-queue pattern. Workers claiming at once get disjoint
+// LockerConfig.ClaimWhere, and runs fn with their keys in the same
+// transaction, like [Locker.LockMany]: the work-queue pattern. Workers claiming at once get disjoint
 // rows and never wait for each other. A job is done when fn changes its row so
 // ClaimWhere no longer holds, or deletes it, in the transaction: if the
 // worker dies first, the rollback puts the job back for the next claim.

@@ -25,14 +25,16 @@ func TestLockCommitsAndRollsBack(t *testing.T) {
 			l := newLocker(t, db, pessimistic.LockerConfig{})
 			ctx := t.Context()
 
-			require.NoError(t, l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+			require.NoError(t, l.Do(ctx, "p", func(ctx context.Context) error {
+				tx := contend.Querier(ctx, nil)
 				require.Equal(t, tx, contend.Querier(ctx, db), "fn reaches the same transaction both ways")
 				return sell(ctx, tx, "p")
 			}))
 			require.Equal(t, 1, stockOf(t, db, "p"))
 
 			boom := errors.New("boom")
-			err := l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+			err := l.Do(ctx, "p", func(ctx context.Context) error {
+				tx := contend.Querier(ctx, nil)
 				require.NoError(t, sell(ctx, tx, "p"))
 				return boom
 			})
@@ -235,7 +237,8 @@ func TestInsideACallersTransaction(t *testing.T) {
 			defer tx.Rollback()
 
 			l := newLocker(t, tx, pessimistic.LockerConfig{})
-			require.NoError(t, l.Lock(ctx, "p", func(ctx context.Context, q contend.DBTX) error {
+			require.NoError(t, l.Do(ctx, "p", func(ctx context.Context) error {
+				q := contend.Querier(ctx, nil)
 				// q is the caller's transaction, watched by the library: the
 				// same server transaction.
 				var mine, callers int64
@@ -266,12 +269,15 @@ func TestNestedCallsJoinTheTransaction(t *testing.T) {
 	require.NoError(t, err)
 	ctx := t.Context()
 	boom := errors.New("boom")
-	err = l.Lock(ctx, "a", func(ctx context.Context, outer contend.DBTX) error {
+	err = l.Do(ctx, "a", func(ctx context.Context) error {
+		outer := contend.Querier(ctx, nil)
 		require.NoError(t, sell(ctx, outer, "a"))
-		return l.Lock(ctx, "b", func(ctx context.Context, inner contend.DBTX) error {
+		return l.Do(ctx, "b", func(ctx context.Context) error {
+			inner := contend.Querier(ctx, nil)
 			require.Equal(t, outer, inner)
 			require.NoError(t, sell(ctx, inner, "b"))
-			return adv.Lock(ctx, testserver.RandomName("x:"), func(ctx context.Context, innermost contend.DBTX) error {
+			return adv.Do(ctx, testserver.RandomName("x:"), func(ctx context.Context) error {
+				innermost := contend.Querier(ctx, nil)
 				require.Equal(t, outer, innermost)
 				return boom
 			})
@@ -387,7 +393,8 @@ func TestLockTimeoutScope(t *testing.T) {
 		return s
 	}
 	cfg := pessimistic.LockerConfig{LockTimeout: 250 * time.Millisecond}
-	require.NoError(t, newLocker(t, db, cfg).Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+	require.NoError(t, newLocker(t, db, cfg).Do(ctx, "p", func(ctx context.Context) error {
+		tx := contend.Querier(ctx, nil)
 		require.Equal(t, "250ms", show(ctx, tx))
 		return nil
 	}))
@@ -397,7 +404,8 @@ func TestLockTimeoutScope(t *testing.T) {
 	defer tx.Rollback()
 	_, err = tx.Exec(`SET LOCAL lock_timeout = '7s'`)
 	require.NoError(t, err)
-	require.NoError(t, newLocker(t, tx, cfg).Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+	require.NoError(t, newLocker(t, tx, cfg).Do(ctx, "p", func(ctx context.Context) error {
+		tx := contend.Querier(ctx, nil)
 		require.Equal(t, "7s", show(ctx, tx))
 		return nil
 	}))

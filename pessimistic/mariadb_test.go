@@ -139,7 +139,7 @@ func TestLockManyAndClaimOnMariaDB(t *testing.T) {
 
 	nowait, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "jobs", OnHeld: pessimistic.NoWait})
 	require.NoError(t, err)
-	err = l.Lock(ctx, "a", func(ctx context.Context, _ contend.DBTX) error {
+	err = l.Do(ctx, "a", func(ctx context.Context) error {
 		// Another caller, on a transaction of its own: t's ctx carries none.
 		other := t.Context()
 		err := nowait.Do(other, "a", func(context.Context) error { return nil })

@@ -61,7 +61,7 @@ func TestLockerObserver(t *testing.T) {
 			ctx := t.Context()
 
 			// The lock had, then the transaction's end.
-			require.NoError(t, l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error { return sell(ctx, tx, "p") }))
+			require.NoError(t, l.Do(ctx, "p", func(ctx context.Context) error { return sell(ctx, contend.Querier(ctx, nil), "p") }))
 			events := rec.take(t, "p", contend.EventObtained, contend.EventReleased)
 			require.Equal(t, 1, events[0].Attempts)
 			require.Positive(t, events[0].Wait)

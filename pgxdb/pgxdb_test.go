@@ -67,8 +67,8 @@ func TestQuerierIsTheGuardsTransaction(t *testing.T) {
 
 	l, err := pessimistic.NewLocker(pgxdb.Wrap(pool), pessimistic.LockerConfig{Table: "products"})
 	require.NoError(t, err)
-	err = l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
-		require.Nil(t, tx, "a pgx guard has no database/sql transaction to give")
+	err = l.Do(ctx, "p", func(ctx context.Context) error {
+		require.Nil(t, contend.Querier(ctx, nil), "a pgx guard has no database/sql transaction to give")
 		q := pgxdb.Querier(ctx, pool)
 		_, isTx := q.(pgx.Tx)
 		require.True(t, isTx, "fn gets the guard's pgx.Tx, not the pool: %T", q)
