@@ -109,8 +109,8 @@ type Claimer struct {
 	observer contend.Observer // nil: report nothing
 	tracked  claims           // of Claim and ClaimAs, when observed
 
-	prepared firstuse.Step                // prepares stmts at the first call
-	stmts    syncatomic.Pointer[prepared] // nil until prepared; set once
+	prep  firstuse.Step                // prepares stmts at the first call
+	stmts syncatomic.Pointer[prepared] // nil until prepared; set once
 
 	// unsure runs the releases of claims whose outcome is unknown, each on
 	// a goroutine of its own, within finish; Close waits for them.
@@ -299,7 +299,7 @@ func (c *Claimer) statements(ctx context.Context) (*prepared, error) {
 	if st := c.stmts.Load(); st != nil {
 		return st, nil
 	}
-	if err := c.prepared.Pass(ctx, "atomic: prepare claimer on "+c.table, c.prepare, final); err != nil {
+	if err := c.prep.Pass(ctx, "atomic: prepare claimer on "+c.table, c.prepare, final); err != nil {
 		return nil, err
 	}
 	return c.stmts.Load(), nil

@@ -29,8 +29,9 @@ type Step struct {
 
 // run is one making of the step; err is set before done is closed.
 type run struct {
-	done chan struct{}
-	err  error
+	done    chan struct{}
+	err     error
+	waiters int // callers that waited for it; protected by Step.mu
 }
 
 // Passed reports whether the step has passed, at the cost of one atomic
@@ -58,6 +59,8 @@ func (s *Step) Pass(ctx context.Context, what string, do func(context.Context) e
 		if mine {
 			r = &run{done: make(chan struct{})}
 			s.running = r
+		} else {
+			r.waiters++
 		}
 		s.mu.Unlock()
 		if mine {
