@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -298,9 +299,11 @@ func TestAdvisoryKeepsOrDiscardsItsConnectionOnMariaDB(t *testing.T) {
 	t.Parallel()
 	u := testserver.MariaDB(t)
 	other := testserver.Open(t, testserver.MariaDBDriver, u)
-	proxy := faultproxy.Start(t, strings.TrimPrefix(strings.SplitN(strings.TrimPrefix(u, "mysql://"), "/", 2)[0], "root@"))
-	proxied := strings.Replace(u, "127.0.0.1:3306", proxy.Addr(), 1)
-	require.NotEqual(t, u, proxied)
+	pu, err := neturl.Parse(u)
+	require.NoError(t, err)
+	proxy := faultproxy.Start(t, pu.Host)
+	pu.Host = proxy.Addr()
+	proxied := pu.String()
 	db := testserver.Open(t, testserver.MariaDBDriver, proxied)
 	db.SetMaxOpenConns(1)
 	a, err := pessimistic.NewAdvisory(mysqldb.Wrap(db), pessimistic.AdvisoryConfig{FinishTimeout: 300 * time.Millisecond})
