@@ -28,7 +28,7 @@ func TestClaimOfARowDeletedWhileItWaitedIsNotFound(t *testing.T) {
 	t.Parallel()
 	drivers := append([]string{testserver.MariaDBDriver}, testserver.Drivers...)
 	for _, driver := range drivers {
-		for name, cfg := range map[string]atomic.ClaimConfig{"plain": plain, "leased": leased} {
+		for name, cfg := range map[string]atomic.ClaimerConfig{"plain": plain, "leased": leased} {
 			for _, inTx := range []bool{false, true} {
 				name := driver + "/" + name
 				if inTx {
@@ -43,7 +43,7 @@ func TestClaimOfARowDeletedWhileItWaitedIsNotFound(t *testing.T) {
 	}
 }
 
-func claimOfADeletedRow(t *testing.T, driver string, cfg atomic.ClaimConfig, inTx bool) {
+func claimOfADeletedRow(t *testing.T, driver string, cfg atomic.ClaimerConfig, inTx bool) {
 	h := testserver.Handle(t, driver, testserver.URL(t, driver))
 	db, _ := h.(*sqlx.DB)
 	// waiting reports whether a session waits for a lock of the session
