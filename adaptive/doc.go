@@ -8,8 +8,8 @@
 // writers than a row lock; on a hot key most of its attempts lose, and the
 // losers' retries cost more than the wait for a lock (package pessimistic)
 // would have. A [Guard] starts every key optimistic, moves a key under the
-// lock when its recent conflict rate passes [Config.Enter], and moves it back
-// when the rate falls to [Config.Leave].
+// lock when a fifth of its recent calls lose a race, and moves it back when
+// a twentieth do.
 //
 // # Guarantee
 //
@@ -48,18 +48,24 @@
 // # How it decides
 //
 // Per key, a process keeps a conflict rate: an exponentially weighted average
-// over about the last [Config.Window] samples. In optimistic mode each attempt
-// is a sample, a conflict if it lost its race (its version moved, or it hit a
+// over about the last 32 samples. In optimistic mode each attempt is a
+// sample, a conflict if it lost its race (its version moved, or it hit a
 // deadlock). In locked mode each call is one, a conflict if it waited for the
-// lock, which is the race it would have lost without it. A key goes locked when
-// the rate reaches Enter and back when it falls to Leave, and stays at least
-// half a window in a mode before it moves again: the gap between the
-// thresholds and that stay keep a key whose rate hovers near one of them from
-// flapping. [Guard.Mode] says what a key's next call will do.
+// lock (in the process's queue or at the server) more than twice as long as
+// it then held it: the race it would have lost without the lock. A key goes
+// locked when the rate reaches 0.2 and back when it falls to 0.05, and stays
+// at least half a window in a mode before it moves again: the gap between
+// the thresholds and that stay keep a key whose rate hovers near one of them
+// from flapping. These are fixed, not settings. [Guard.Mode] says what a
+// key's next call will do.
 //
 // Memory is bounded: the rates live in a fixed table of [Config.Keys] slots,
-// found by a hash of the key. A key that takes the slot of another starts
-// over, optimistic, and the one it displaced does too when it comes back.
+// in pairs found by a hash of the key. A key whose pair is full takes the
+// slot of a key that is optimistic rather than a locked one's, and of two
+// alike the one used less recently; the key it displaced starts over,
+// optimistic, when it comes back. So a hot key keeps its place against the
+// cold keys that share its pair, and loses it only while the other slot of
+// its pair holds a locked key too, used more recently.
 //
 // # Limits
 //

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/contend/contend"
@@ -235,7 +236,7 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		if attempts == 1 {
 			start = began // a wait in the line is a wait for the lock
 		}
-		n, err := txn.WatchExec(ctx, tx, g.lockSQL, []any{key})
+		n, err := g.lock(ctx, tx, key)
 		if err == nil && n == 0 {
 			err = sql.ErrNoRows
 		}
@@ -272,6 +273,27 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		g.report(ctx, key, attempts, began, locked, hold, err)
 	}
 	return err
+}
+
+// lockArgs holds the lock statement's one argument: an array of a pool
+// rather than a slice literal, which would escape to the heap through the
+// driver's interface on every call.
+var lockArgs = sync.Pool{New: func() any { return new([1]any) }}
+
+// lock runs the lock statement for key in tx, and returns the rows it
+// moved.
+func (g *Guard) lock(ctx context.Context, tx sqldb.Tx, key string) (int64, error) {
+	args := lockArgs.Get().(*[1]any)
+	args[0] = key
+	n, err := txn.WatchExec(ctx, tx, g.lockSQL, args[:])
+	if errors.Is(err, txn.ErrNoAnswer) {
+		// The statement was left to finish on a goroutine of its own, which
+		// still reads args.
+		return n, err
+	}
+	args[0] = nil
+	lockArgs.Put(args)
+	return n, err
 }
 
 func (g *Guard) report(ctx context.Context, key string, attempts int, began, locked time.Time, hold time.Duration, err error) {

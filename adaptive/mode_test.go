@@ -69,7 +69,7 @@ func TestModeFollowsConflicts(t *testing.T) {
 	calls += 5
 	// …a few windows of them do.
 	n := 0
-	for ; n < 20*adaptive.DefaultWindow && g.Mode("k") == adaptive.Pessimistic; n++ {
+	for ; n < 20*adaptive.Window && g.Mode("k") == adaptive.Pessimistic; n++ {
 		require.NoError(t, g.Do(ctx, "k", increment(db, "k", 0)))
 	}
 	calls += n
@@ -98,7 +98,7 @@ func TestRefusalsAreNoConflicts(t *testing.T) {
 	counters(t, db, "k")
 	g := newGuard(t, db, adaptive.Config{})
 	refused := fmt.Errorf("already claimed: %w", contend.ErrConflict)
-	for range 10 * adaptive.DefaultWindow {
+	for range 10 * adaptive.Window {
 		err := g.Do(t.Context(), "k", func(context.Context) error { return refused })
 		require.Equal(t, refused, err, "fn's error comes back unchanged")
 		require.Equal(t, adaptive.Optimistic, g.Mode("k"), "one caller, refused, lost no race")

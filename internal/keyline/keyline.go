@@ -51,6 +51,7 @@ func (l *Lines) Enter(ctx context.Context, key string) error {
 	}
 	select {
 	case <-w.ready:
+		waiters.Put(w)
 		return nil
 	case <-ctx.Done():
 	}
@@ -58,8 +59,12 @@ func (l *Lines) Enter(ctx context.Context, key string) error {
 	through := l.c.leave(key, w)
 	l.mu.Unlock()
 	if through {
+		<-w.ready // sent under the mutex, before leave could see through
+		waiters.Put(w)
 		l.Exit(key)
+		return context.Cause(ctx)
 	}
+	waiters.Put(w) // out of the line: nothing will be sent to it
 	return context.Cause(ctx)
 }
 
@@ -79,7 +84,7 @@ func (l *Lines) Waiting(key string) int {
 }
 
 // core is the lines' state and its transitions, pure but for the channels
-// it closes: the one owner of who is through and who waits.
+// it sends to: the one owner of who is through and who waits.
 //
 // Invariants, per key: 0 < through ≤ depth while the key has an entry (an
 // entry with nothing through and nobody waiting is deleted); waiting is
@@ -98,11 +103,15 @@ type line struct {
 	waiting []*waiter // oldest first
 }
 
-// A waiter is a call waiting in a line.
+// A waiter is a call waiting in a line. Waiters are reused, channel and
+// all, once their call has left the line: a hot key's waiters then cost no
+// allocation.
 type waiter struct {
-	ready   chan struct{} // closed when the waiter is let through
+	ready   chan struct{} // buffered (1): sent to once, when the waiter is let through
 	through bool          // let through; guarded like the core
 }
+
+var waiters = sync.Pool{New: func() any { return &waiter{ready: make(chan struct{}, 1)} }}
 
 // join adds a call to key's line: it returns nil when the call is let
 // through at once, else the waiter it waits as.
@@ -113,7 +122,8 @@ func (c *core) join(key string) *waiter {
 		c.lines[key] = ln
 		return nil
 	}
-	w := &waiter{ready: make(chan struct{})}
+	w := waiters.Get().(*waiter)
+	w.through = false
 	ln.waiting = append(ln.waiting, w)
 	c.lines[key] = ln
 	return w
@@ -150,7 +160,7 @@ func (c *core) exit(key string) {
 		ln.waiting[0] = nil
 		ln.waiting = ln.waiting[1:]
 		w.through = true
-		close(w.ready)
+		w.ready <- struct{}{} // never blocks: the one send to w
 		c.lines[key] = ln
 		return
 	}
