@@ -35,7 +35,8 @@ func TestCoreStateMachine(t *testing.T) {
 		t.Repeat(map[string]func(*rapid.T){
 			"join": func(t *rapid.T) {
 				k := key.Draw(t, "key")
-				w := c.join(k)
+				w, behind := c.join(k)
+				require.Equal(t, m.through[k] > 0, behind, "a call comes behind another exactly while one is through")
 				if m.through[k] < depth {
 					require.Nil(t, w, "a call waits while the line has room")
 					m.through[k]++
@@ -125,7 +126,9 @@ func letThrough(c chan struct{}) bool { return len(c) == 1 }
 func TestCoreRefusesBadTransitions(t *testing.T) {
 	c := core{depth: 1, lines: map[string]line{}}
 	require.Panics(t, func() { c.exit("a") })
-	require.Nil(t, c.join("a"))
+	w, behind := c.join("a")
+	require.Nil(t, w)
+	require.False(t, behind)
 	require.Panics(t, func() { c.leave("a", &waiter{ready: make(chan struct{}, 1)}) })
 	c.exit("a")
 	require.Panics(t, func() { c.exit("a") })
