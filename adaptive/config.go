@@ -39,7 +39,7 @@ type Config struct {
 	// Default: 5s.
 	FinishTimeout time.Duration
 	// NoLocalQueue turns off the queue in front of the locked path's row
-	// lock, as pessimistic.Config.NoLocalQueue does for a Locker: with it
+	// lock, as pessimistic.LockerConfig.NoLocalQueue does for a Locker: with it
 	// on (the default), the locked calls of one Guard for the same key
 	// queue in this process, holding nothing, and only the one holding
 	// the lock and the next hold a connection. Turn it off when turns on
