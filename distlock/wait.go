@@ -76,7 +76,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 // queued. tries counts the attempts so far, this one included; first says
 // whether it is the wait's first.
 func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, w *waiter, began time.Time, tries int, first bool) (*Lock, error) {
-	l, err := c.attempt(ctx, key, keys, w)
+	l, err := c.try(ctx, key, keys, w, true)
 	if err != nil {
 		if cause := ctxerr.Of(ctx); cause != nil {
 			return nil, gaveUp(ctx, c.observer, key, began, tries, cause)
