@@ -22,7 +22,7 @@ import (
 // connection each, and a shared channel for all processes would wake every
 // process at every release.
 type subscriber struct {
-	ps      *redis.PubSub // set and replaced under the client's mu
+	ps      *redis.PubSub // set and replaced by listen under the client's mu
 	settled chan struct{} // closed by settle once the first subscription succeeded or failed
 	settle  func()
 	healthy atomic.Bool   // subscribed now: releases' messages will arrive
@@ -142,16 +142,12 @@ func (c *Client) subscribe(s *subscriber) bool {
 	return true
 }
 
+// listen receives the subscription's messages until the client closes. It
+// returns only once Close has begun, which closes the subscription it finds;
+// one made later is closed by subscribe. listen is the only writer of s.ps,
+// and reads it without the client's mu.
 func (c *Client) listen(s *subscriber) {
 	defer close(s.done)
-	defer func() {
-		c.mu.Lock()
-		ps := s.ps
-		c.mu.Unlock()
-		if ps != nil {
-			_ = ps.Close()
-		}
-	}()
 	if !c.subscribe(s) {
 		return
 	}
@@ -225,10 +221,7 @@ func (c *Client) resubscribe(s *subscriber, st *listenState) bool {
 		return false
 	case <-t.C:
 	}
-	c.mu.Lock()
-	old := s.ps
-	c.mu.Unlock()
-	_ = old.Close()
+	_ = s.ps.Close()
 	return c.subscribe(s)
 }
 
