@@ -86,25 +86,24 @@ func parseGrant(msg string) (tok string, g grant) {
 // wake wakes w with g. A grant for a waiter that has just given up is not
 // lost: that waiter's leave finds the lock handed to it and passes it on.
 //
-// A hand-over's grant replaces a request to look that is still unread:
-// the waiter would otherwise look, by an attempt of its own, for what the
-// grant says.
+// A hand-over's grant replaces a request to look that is still unread
+// (a waiter is handed the lock once, so nothing else can be there): the
+// waiter would otherwise look, by an attempt of its own, for what the grant
+// says.
 func wake(w *waiter, g grant) {
-	select {
-	case w.wake <- g:
-		return
-	default:
-	}
-	if g.fence == 0 {
-		return // already woken; the waiter checks anyway
-	}
-	select {
-	case <-w.wake:
-	default:
-	}
-	select {
-	case w.wake <- g:
-	default: // a request to look came in between: the waiter's attempt finds its hold
+	for {
+		select {
+		case w.wake <- g:
+			return
+		default:
+		}
+		if g.fence == 0 {
+			return // already woken; the waiter checks anyway
+		}
+		select {
+		case <-w.wake: // a request to look: the grant takes its place
+		default:
+		}
 	}
 }
 
