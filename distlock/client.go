@@ -268,7 +268,7 @@ func (c *Client) try(ctx context.Context, key string, keys []string, w *waiter, 
 	if err != nil || fence == 0 {
 		return nil, err
 	}
-	l := newLock(c, key, keys, w.tok, fence, w.ttl, c.validity(began, w.ttl))
+	l := newLock(c, &c.base, key, keys, w.tok, fence, w.ttl, c.validity(began, w.ttl))
 	l.taken = !queue
 	return l, nil
 }

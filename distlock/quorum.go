@@ -206,7 +206,7 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 	tok := token.New()
 	began := time.Now()
 	held, err := q.vote(ctx, "lock", quorumLockScript, keys, leaseArgs(tok, ttl), isOne)
-	l := newLock(q, key, keys, tok, 0, ttl, began.Add(ttl-q.margin(ttl)))
+	l := newLock(q, &q.base, key, keys, tok, 0, ttl, began.Add(ttl-q.margin(ttl)))
 	if held && time.Now().Before(l.ValidUntil()) {
 		return l, nil
 	}

@@ -62,7 +62,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 		case cause != nil:
 			return nil, gaveUp(ctx, c.observer, key, began, tries+attempts, cause)
 		case g.fence > 0: // handed over by a release here, already on the line
-			l := newLock(c, key, keys, w.tok, g.fence, w.ttl, c.validity(epoch.Add(g.at), w.ttl))
+			l := newLock(c, &c.base, key, keys, w.tok, g.fence, w.ttl, c.validity(epoch.Add(g.at), w.ttl))
 			l.reportObtained(ctx, began, max(tries+attempts, 1))
 			return l, nil
 		}
