@@ -13,7 +13,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/ctxerr"
-	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/inflight"
 	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
 )
@@ -61,7 +61,7 @@ type Client struct {
 	seed  maphash.Seed
 	calls *scriptbatch.Sender
 	// cleanups counts the leaves under way that no caller waits for.
-	cleanups keepalive.Group
+	cleanups inflight.Group
 
 	mu      sync.Mutex                 // protects the fields below
 	waiters map[string]*waiter         // by token: whom a release's message wakes, no more
