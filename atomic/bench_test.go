@@ -108,6 +108,58 @@ func BenchmarkUpdate(b *testing.B) {
 		})
 }
 
+// BenchmarkUpdateReturning is BenchmarkUpdate for a statement that returns
+// the row it changed: raw scans it by hand, through the same driver. Both
+// run under a ctx that can end, as a request's can: the library then
+// watches the read on a driver whose statements outlive their ctx
+// (lib/pq), and the driver watches the ctx too.
+func BenchmarkUpdateReturning(b *testing.B) {
+	const returning = decrement + ` RETURNING stock`
+	benchmark(b, []string{"raw", "contend"}, testserver.AllDrivers,
+		func(b *testing.B, db *sqlx.DB, keys []string) { workload.Products(b, db, 1<<40, keys...) },
+		func(b *testing.B, impl string, db *sqlx.DB, h contend.DB) func(ctx context.Context, key string) error {
+			canEnd, cancel := context.WithCancel(b.Context())
+			b.Cleanup(cancel)
+			op := updateReturning(impl, db, h, returning)
+			return func(_ context.Context, key string) error { return op(canEnd, key) }
+		})
+}
+
+// updateReturning is BenchmarkUpdateReturning's operation of impl.
+func updateReturning(impl string, db *sqlx.DB, h contend.DB, returning string) func(ctx context.Context, key string) error {
+	if native, ok := h.(testserver.Native); ok {
+		if impl == "raw" {
+			return func(ctx context.Context, key string) error {
+				var left int64
+				return native.Pool.QueryRow(ctx, returning, key).Scan(&left)
+			}
+		}
+		db := pgxdb.Wrap(native.Pool)
+		return func(ctx context.Context, key string) error {
+			var left int64
+			applied, err := atomic.UpdateReturning(ctx, db, []any{&left}, returning, key)
+			if err == nil && !applied {
+				err = errors.New("not applied")
+			}
+			return err
+		}
+	}
+	if impl == "raw" {
+		return func(ctx context.Context, key string) error {
+			var left int64
+			return db.QueryRowContext(ctx, returning, key).Scan(&left)
+		}
+	}
+	return func(ctx context.Context, key string) error {
+		var left int64
+		applied, err := atomic.UpdateReturning(ctx, db, []any{&left}, returning, key)
+		if err == nil && !applied {
+			err = errors.New("not applied")
+		}
+		return err
+	}
+}
+
 // BenchmarkClaimRelease claims a key and releases it again. raw prepares the
 // same two statements by hand: the floor for a claimer, whose statements are
 // fixed at construction. raw-probe is raw whose claim also tells a missing

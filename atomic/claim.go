@@ -244,6 +244,7 @@ func postgresPlan(table, key, owner, lease string) plan {
 // tell a win (won) and a result it cannot tell (unsure; see probedClaim).
 type plan struct {
 	claim, exists, release, extend string // extend: "" without a lease column
+	lockedExists                   string // MySQL's probe in a transaction; "" on PostgreSQL
 	claimOrder, extendOrder        []int
 	won, unsure                    int64
 }
@@ -258,22 +259,23 @@ type prepared struct {
 // prepare prepares p's statements on d, or closes what it prepared and
 // fails.
 func (p plan) prepare(ctx context.Context, d sqldb.DB) (*prepared, error) {
-	var claim, exists, release, extend sqldb.Stmt
+	var claim, exists, lockedExists, release, extend sqldb.Stmt
 	for _, s := range []struct {
 		dst   *sqldb.Stmt
 		query string
-	}{{&claim, p.claim}, {&exists, p.exists}, {&release, p.release}, {&extend, p.extend}} {
+	}{{&claim, p.claim}, {&exists, p.exists}, {&lockedExists, p.lockedExists}, {&release, p.release}, {&extend, p.extend}} {
 		if s.query == "" {
 			continue
 		}
 		var err error
 		if *s.dst, err = d.Prepare(ctx, s.query); err != nil {
-			closeAll(claim, exists, release, extend)
+			closeAll(claim, exists, lockedExists, release, extend)
 			return nil, err
 		}
 	}
 	st := &prepared{
-		claim:   probedClaim{claim: inOrder(claim, p.claimOrder), exists: exists, won: p.won, unsure: p.unsure},
+		claim: probedClaim{claim: inOrder(claim, p.claimOrder), exists: exists, lockedExists: lockedExists,
+			onTx: d.Tx() != nil, won: p.won, unsure: p.unsure},
 		release: release,
 	}
 	if extend != nil {

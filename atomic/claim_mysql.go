@@ -41,8 +41,15 @@ func mysqlPlan(table, key, owner, lease string) plan {
 			table, lease, deadline, key, owner, lease)
 	}
 	existsSQL := fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE %s = ?)", table, key)
+	// In a transaction, a plain SELECT reads the transaction's snapshot under
+	// REPEATABLE READ (InnoDB's default), which still has a row deleted
+	// since: a locking read reads the latest committed row, as the UPDATE
+	// did. Its shared lock (a gap lock when the row is gone) lasts until the
+	// transaction ends; outside one, a plain SELECT sees the latest row
+	// already, and waits for no lock.
+	lockedExistsSQL := fmt.Sprintf("SELECT COUNT(*) > 0 FROM %s WHERE %s = ? LOCK IN SHARE MODE", table, key)
 	// The release takes key, token: the order the claimer passes them in.
-	return plan{claim: claimSQL, exists: existsSQL, release: releaseSQL, extend: extendSQL,
+	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, release: releaseSQL, extend: extendSQL,
 		claimOrder: claimOrder, extendOrder: []int{argLease, argKey, argToken}, won: 1, unsure: 0}
 }
 
@@ -90,11 +97,15 @@ func (s ordered) QueryRow(ctx context.Context, tx sqldb.Tx, args ...any) sqldb.R
 // row): claim's own count tells a win (won) and, on PostgreSQL, a row held
 // (any other count); exists asks whether the row is there when claim
 // cannot tell (unsure), in a statement of its own, which sees a row deleted
-// while the claim waited for its lock.
+// while the claim waited for its lock. On MySQL, a claim in a transaction
+// (the one ctx carries, or the claimer's own: onTx) asks lockedExists
+// instead, which reads past the transaction's snapshot.
 type probedClaim struct {
-	claim       sqldb.Stmt
-	exists      sqldb.Stmt // takes the key, the first of the claimer's arguments
-	won, unsure int64      // claim's counts
+	claim        sqldb.Stmt
+	exists       sqldb.Stmt // takes the key, the first of the claimer's arguments
+	lockedExists sqldb.Stmt // nil on PostgreSQL, whose claim fails rather than read a stale snapshot
+	onTx         bool
+	won, unsure  int64 // claim's counts
 }
 
 func (s probedClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
@@ -107,8 +118,12 @@ func (s probedClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64,
 	case n != s.unsure:
 		return 1, nil
 	}
+	probe := s.exists
+	if s.lockedExists != nil && (tx != nil || s.onTx) {
+		probe = s.lockedExists
+	}
 	var exists bool
-	if err := s.exists.QueryRow(ctx, tx, args[argKey:argKey+1]...).Scan(&exists); err != nil {
+	if err := probe.QueryRow(ctx, tx, args[argKey:argKey+1]...).Scan(&exists); err != nil {
 		return 0, err
 	}
 	if exists {
@@ -121,7 +136,13 @@ func (s probedClaim) QueryRow(context.Context, sqldb.Tx, ...any) sqldb.Row {
 	return errRow{errors.New("atomic: a claim answers in its count: run it with Exec")}
 }
 
-func (s probedClaim) Close() error { return errors.Join(s.claim.Close(), s.exists.Close()) }
+func (s probedClaim) Close() error {
+	err := errors.Join(s.claim.Close(), s.exists.Close())
+	if s.lockedExists != nil {
+		err = errors.Join(err, s.lockedExists.Close())
+	}
+	return err
+}
 
 // closeAll closes the statements of stmts that were prepared.
 func closeAll(stmts ...sqldb.Stmt) {

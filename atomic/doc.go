@@ -29,7 +29,9 @@
 // a lock of its own goroutine. A call returns within ctx's deadline plus
 // 250ms for a statement ctx cut short (plus [ClaimerConfig.FinishTimeout] for
 // the release [Claimer.Do] makes after fn, and 5s for the rollback of a
-// transaction [UpdateSelect] began), under both drivers, also when
+// transaction [UpdateSelect] began, which it waits for only when its
+// statements were answered: one given up on is rolled back in the
+// background, on a connection the pool then closes), under both drivers, also when
 // the network goes silent; a statement given up on may still have been
 // applied; [UpdateReturning] and [UpdateSelect] write nothing into the
 // caller's variables once they have returned.

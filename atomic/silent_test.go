@@ -3,6 +3,7 @@ package atomic_test
 import (
 	"context"
 	neturl "net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,8 +39,8 @@ func TestReadsReturnByTheDeadlineOnASilentNetwork(t *testing.T) {
 			},
 			bound: txn.CancelGrace,
 		},
-		// The update is answered, the read is not; the transaction's
-		// rollback is then bounded by the finish timeout.
+		// The update is answered, the read is not: the call returns as
+		// promptly, and its transaction is rolled back in the background.
 		"UpdateSelect": {
 			silence: func(p *faultproxy.Proxy) {
 				p.DropReplyTo("SELECT stock")
@@ -52,12 +53,22 @@ func TestReadsReturnByTheDeadlineOnASilentNetwork(t *testing.T) {
 				_, err := atomic.UpdateSelect(ctx, h, dest, update, []any{"p"}, query, "p")
 				return err
 			},
-			bound: txn.CancelGrace + txn.DefaultFinishTimeout,
+			bound: txn.CancelGrace,
 		},
+	}
+	// The network is silent before the transaction begins.
+	calls["UpdateSelect/silent-from-the-start"] = struct {
+		silence func(*faultproxy.Proxy)
+		call    func(ctx context.Context, driver string, h any, dest []any) error
+		bound   time.Duration
+	}{
+		silence: func(p *faultproxy.Proxy) { p.Blackhole() },
+		call:    calls["UpdateSelect"].call,
+		bound:   txn.CancelGrace,
 	}
 	for name, c := range calls {
 		drivers := testserver.AllDrivers
-		if name == "UpdateSelect" {
+		if strings.HasPrefix(name, "UpdateSelect") {
 			drivers = append(drivers, testserver.MariaDBDriver)
 		}
 		for _, driver := range drivers {
@@ -100,6 +111,21 @@ func TestReadsReturnByTheDeadlineOnASilentNetwork(t *testing.T) {
 				}
 				proxy.Reset() // a call given up on ends, and writes nothing the test reads
 				proxy.Heal()
+
+				// Nothing of the call was committed, and the pool hands out no
+				// connection left in its transaction: the next call through the
+				// same handle applies alone.
+				stock := func() int64 {
+					var n int64
+					require.NoError(t, direct.Get(&n, direct.Rebind(`SELECT stock FROM products WHERE id = ?`), "p"))
+					return n
+				}
+				require.EqualValues(t, 5, stock(), "a call given up on committed its write")
+				ctx, cancel = context.WithTimeout(t.Context(), 5*time.Second)
+				defer cancel()
+				require.NoError(t, c.call(ctx, driver, h, []any{&left}))
+				require.EqualValues(t, 4, left)
+				require.EqualValues(t, 4, stock())
 			})
 		}
 	}

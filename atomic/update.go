@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/sqldb"
@@ -120,30 +119,11 @@ func UpdateSelect(ctx context.Context, db contend.DB, dest []any, update string,
 	return applied && err == nil, err
 }
 
-// scan runs query and scans its first row into dest, watched (txn.Watch).
-// A watched call given up on goes on alone and may still scan, so it scans
-// into variables of its own, copied into dest only once it has answered:
-// nothing writes into the caller's variables after the call returned.
+// scan runs query and scans its first row into dest, watched
+// (txn.WatchScan): nothing writes into the caller's variables after the
+// call returned.
 func scan(ctx context.Context, q sqldb.Querier, dest []any, query string, args []any) error {
-	if !txn.NeedsWatch(ctx, q) {
-		return q.QueryRow(ctx, query, args...).Scan(dest...)
-	}
-	own := make([]any, len(dest))
-	for i, d := range dest {
-		own[i] = d // not a pointer to scan into: Scan says so
-		if v := reflect.ValueOf(d); v.Kind() == reflect.Pointer && !v.IsNil() {
-			own[i] = reflect.New(v.Type().Elem()).Interface()
-		}
-	}
-	if err := txn.Watch(ctx, q, func() error { return q.QueryRow(ctx, query, args...).Scan(own...) }); err != nil {
-		return err
-	}
-	for i, d := range dest {
-		if v := reflect.ValueOf(d); v.Kind() == reflect.Pointer && !v.IsNil() {
-			v.Elem().Set(reflect.ValueOf(own[i]).Elem())
-		}
-	}
-	return nil
+	return txn.WatchScan(ctx, q, query, args, dest)
 }
 
 // errNotApplied rolls back an UpdateSelect whose update did not apply.

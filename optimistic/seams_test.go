@@ -39,3 +39,24 @@ func TestStoreRefusesOneSession(t *testing.T) {
 		})
 	}
 }
+
+// On a server with innodb_rollback_on_timeout, a lock wait that times out
+// (1205) inside the guard's fn rolls the whole transaction back, version
+// bump included. The caller ignores the failed lock, nested Locker or plain
+// statement, and goes on writing: the guard must not answer nil for writes
+// the rollback undid, nor commit the writes made after it. It runs fn again
+// (a lock wait timeout is worth another attempt), which finds the row free
+// and commits all of its own writes.
+func TestTimedOutLockTellsTheTruthWhenItRollsBack(t *testing.T) {
+	t.Parallel()
+	server := testserver.OwnMariaDB(t, "--innodb-rollback-on-timeout=ON", "--innodb-lock-wait-timeout=1")
+	for name, nest := range map[string]func(testing.TB, guardtest.Env) contend.Guard{"nested": lockerOnCounters, "plain": nil} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, url, err := testserver.CreateDatabase(t.Context(), server.URL())
+			require.NoError(t, err)
+			failed := guardtest.TimedOutLock(t, guardSuite(testserver.MariaDBDriver), url, 3, nest)
+			require.Zero(t, failed, "the guard did not run fn again after the timeout")
+		})
+	}
+}

@@ -151,3 +151,29 @@ func TestDeadTransactionStaysDeadOnMariaDB(t *testing.T) {
 		require.Equal(t, 50, timeout, "a connection went back to the pool with the locker's lock timeout")
 	}
 }
+
+// On a server with innodb_rollback_on_timeout, a lock wait that times out
+// (1205) rolls the whole transaction back, as a deadlock does. The caller
+// ignores the failed lock, nested Locker or plain statement, and goes on
+// writing: the outer call must not answer nil for writes the rollback
+// undid, nor commit the writes made after it. The setting is read-only on a
+// running server, so the test starts its own.
+func TestTimedOutLockTellsTheTruthWhenItRollsBack(t *testing.T) {
+	t.Parallel()
+	server := testserver.OwnMariaDB(t, "--innodb-rollback-on-timeout=ON", "--innodb-lock-wait-timeout=1")
+	for name, nest := range map[string]func(testing.TB, guardtest.Env) contend.Guard{"nested": lockerOnCounters, "plain": nil} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, url, err := testserver.CreateDatabase(t.Context(), server.URL())
+			require.NoError(t, err)
+			s := guardtest.Suite{
+				Driver: testserver.MariaDBDriver,
+				NewOn: func(env guardtest.Env, db contend.DB) (contend.Guard, error) {
+					return pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "guardtest_counters", KeyColumn: "key"})
+				},
+			}
+			failed := guardtest.TimedOutLock(t, s, url, 3, nest)
+			require.Equal(t, 3, failed, "a call whose transaction the server rolled back answered nil")
+		})
+	}
+}

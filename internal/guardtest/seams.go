@@ -212,3 +212,99 @@ func oneSession(t *testing.T, s Suite) {
 	}
 	t.Fatal("a guard on one session was accepted: every SQL guard refuses one, so that all of them agree")
 }
+
+// TimedOutLock runs rounds of one call of s's guard, on the server at url,
+// whose fn writes, locks its own key's counter row, then waits for a lock
+// that a transaction of the test holds past the server's lock wait timeout,
+// and writes again, whatever that lock answered: a careless caller. The lock
+// is nest's Do on the held key, whose fn writes too, or, when nest is nil, a
+// plain UPDATE of its row through the querier. The test's transaction lets
+// go of the row once the first wait has timed out, so that a guard that runs
+// fn again finds it free.
+//
+// It is for a MySQL or MariaDB server started with
+// innodb_rollback_on_timeout=ON and a short innodb_lock_wait_timeout (see
+// testserver.OwnMariaDB): the lock wait timeout (1205) then rolls the
+// whole transaction back, as a deadlock does, and its writes so far are
+// gone; a statement after it would run alone in autocommit. The call must
+// tell the truth: either all of its writes are committed or none, and nil
+// means all (of fn's last run). It returns how many outer calls failed.
+func TimedOutLock(t *testing.T, s Suite, url string, rounds int, nest func(t testing.TB, env Env) contend.Guard) (failed int) {
+	env := open(t, s.Driver, url, "")
+	own := keys(2)
+	mine, held := own[0], own[1]
+	setup(t, s, env, own)
+	_, err := env.DB.Exec(`CREATE TABLE ` + writesTable + ` (op varchar(64) NOT NULL, step int NOT NULL)`)
+	require.NoError(t, err)
+	g := newGuard(t, s, env)
+	var inner contend.Guard
+	if nest != nil {
+		inner = nest(t, env)
+	}
+	p := env.Dialect.Param
+	var (
+		insert = `INSERT INTO ` + writesTable + ` (op, step) VALUES (` + p(1) + `, ` + p(2) + `)`
+		lock   = `UPDATE ` + counterTable + ` SET n = n + 1 WHERE ` + counterKey(env) + ` = ` + p(1)
+	)
+	for r := range rounds {
+		op := fmt.Sprintf("r%d", r)
+		holder, err := env.DB.BeginTxx(t.Context(), nil)
+		require.NoError(t, err)
+		_, err = holder.Exec(lock, held)
+		require.NoError(t, err)
+		var letGo sync.Once
+		release := func() { letGo.Do(func() { require.NoError(t, holder.Rollback()) }) }
+
+		var (
+			wrote    int   // the writes of fn's last run, as fn saw them
+			nested   error // what the held lock answered in fn's last run
+			timedOut int   // the held lock's failures, over every run
+		)
+		ctx, cancel := context.WithTimeout(t.Context(), callBound)
+		err = g.Do(ctx, mine, func(ctx context.Context) error {
+			q := testserver.Querier(ctx, env.Handle)
+			wrote, nested = 0, nil
+			write := func(ctx context.Context, step int) error {
+				_, err := testserver.Querier(ctx, env.Handle).Exec(ctx, insert, op, step)
+				if err == nil {
+					wrote++
+				}
+				return err
+			}
+			if err := write(ctx, 1); err != nil {
+				return err
+			}
+			if _, err := q.Exec(ctx, lock, mine); err != nil {
+				return err
+			}
+			if inner != nil {
+				nested = inner.Do(ctx, held, func(ctx context.Context) error { return write(ctx, 2) })
+			} else if _, nested = q.Exec(ctx, lock, held); nested == nil {
+				nested = write(ctx, 2)
+			}
+			if nested != nil {
+				timedOut++
+				release()
+			}
+			// Careless: the answer is ignored.
+			return write(ctx, 3)
+		})
+		cancel()
+		release()
+		require.Positive(t, timedOut, "round %d: the lock on the held row never timed out", r)
+
+		var n int
+		require.NoError(t, env.DB.Get(&n, `SELECT count(*) FROM `+writesTable+` WHERE op = `+p(1), op))
+		if r == 0 {
+			t.Logf("call %s answered %v; the held lock timed out %d times, and answered %v last", op, err, timedOut, nested)
+		}
+		if err != nil {
+			failed++
+			require.Zero(t, n, "call %s failed (%v) but %d of its writes were committed (the held lock answered %v)", op, err, n, nested)
+			continue
+		}
+		require.Equal(t, wrote, n, "call %s answered nil, its fn wrote %d rows, and %d were committed (the held lock answered %v)", op, wrote, n, nested)
+	}
+	t.Logf("%d rounds: %d outer calls failed", rounds, failed)
+	return failed
+}

@@ -353,11 +353,7 @@ func (t *stdTx) end() {
 }
 
 // failed learns from err, the error of a statement in t, whether the
-// server rolled t back. On MySQL a deadlock does (1213), and so may a lock
-// wait timeout (with innodb_rollback_on_timeout) or another error: after
-// any error but a duplicate key, the server is asked whether the
-// transaction is still open (MariaDB's @@in_transaction; MySQL 8 has none,
-// and there a deadlock is all that is seen). PostgreSQL aborts the
+// server rolled t back (see [mysqlRolledBack]). PostgreSQL aborts the
 // transaction on any error, refuses every later statement in it until a
 // rollback (to a savepoint, which may revive it) and answers COMMIT with a
 // rollback: it needs no help.
@@ -365,17 +361,50 @@ func (t *stdTx) failed(ctx context.Context, err error) {
 	if t.dialect != MySQL {
 		return
 	}
+	if cause, dead := mysqlRolledBack(err, func() (bool, error) { return t.inTransaction(ctx) }); dead {
+		t.rolledBack(cause)
+	}
+}
+
+// inTransaction asks the server whether t's session is still in a
+// transaction: MariaDB's @@in_transaction, which MySQL 8 does not have.
+func (t *stdTx) inTransaction(ctx context.Context) (bool, error) {
+	var open int
+	if err := t.db.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&open); err != nil {
+		return false, err
+	}
+	return open != 0, nil
+}
+
+// mysqlRolledBack classifies err, the error of a statement in a MySQL or
+// MariaDB transaction: dead reports whether the server rolled the whole
+// transaction back, or may have, and cause is the error to record for it.
+// A deadlock (1213) does. So may a lock wait timeout (1205, with
+// innodb_rollback_on_timeout) or another error: after any server error but
+// a duplicate key, which rolls back its statement only, open asks the
+// server whether the transaction is still open. When the server cannot
+// say (MySQL 8 has no @@in_transaction: 1193, unknown system variable; or
+// ctx ended, or the connection broke), the transaction is taken for dead:
+// refusing a live one costs the caller a retry, committing the rest of a
+// dead one in autocommit loses writes. An error that is not the server's
+// (the driver's, ctx's) leaves the transaction as it was.
+func mysqlRolledBack(err error, open func() (bool, error)) (cause error, dead bool) {
 	n, ok := sqlerr.MySQLNumber(err)
-	if !ok || n == sqlerr.MySQLDupEntry {
-		return
+	switch {
+	case !ok || n == sqlerr.MySQLDupEntry:
+		return nil, false
+	case n == sqlerr.MySQLDeadlock:
+		return err, true
 	}
-	if n != sqlerr.MySQLDeadlock {
-		var open int
-		if ctx.Err() != nil || t.db.QueryRowContext(ctx, "SELECT @@in_transaction").Scan(&open) != nil || open != 0 {
-			return
-		}
+	in, askErr := open()
+	switch {
+	case askErr != nil:
+		return fmt.Errorf("%w (and whether the server rolled the transaction back for it is unknown, "+
+			"so it is taken as rolled back: %w)", err, askErr), true
+	case !in:
+		return err, true
 	}
-	t.rolledBack(err)
+	return nil, false
 }
 
 func (t *stdTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {

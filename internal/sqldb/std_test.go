@@ -113,3 +113,50 @@ func TestDeathIsOneValue(t *testing.T) {
 		require.Equal(t, dead, tx.Err(), "the cause changed after the transaction died")
 	}
 }
+
+// The classifier of a MySQL statement's error: a deadlock kills the
+// transaction without asking; a duplicate key or an error that is not the
+// server's leaves it alive without asking; any other server error asks
+// whether the transaction is still open, and an answer that does not come
+// (MySQL 8's 1193, unknown system variable @@in_transaction) kills it: the
+// safe direction. A real MySQL 8 is not available to the tests; MariaDB's
+// side is TestTimedOutLockTellsTheTruthWhenItRollsBack (pessimistic,
+// optimistic), on a server started with innodb_rollback_on_timeout.
+func TestMySQLErrorClassifier(t *testing.T) {
+	timeout := &mysql.MySQLError{Number: 1205, Message: "Lock wait timeout exceeded"}
+	unknown := &mysql.MySQLError{Number: 1193, Message: "Unknown system variable 'in_transaction'"}
+	for _, c := range []struct {
+		name   string
+		err    error
+		open   bool
+		askErr error
+		asked  bool
+		dead   bool
+	}{
+		{name: "deadlock", err: &mysql.MySQLError{Number: 1213}, dead: true},
+		{name: "duplicate key", err: &mysql.MySQLError{Number: 1062}},
+		{name: "driver's error", err: errors.New("driver: bad connection")},
+		{name: "ctx's error", err: context.Canceled},
+		{name: "timeout, transaction open", err: timeout, open: true, asked: true},
+		{name: "timeout, rolled back", err: timeout, asked: true, dead: true},
+		{name: "timeout, MySQL 8 cannot say", err: timeout, askErr: unknown, asked: true, dead: true},
+		{name: "other error, ctx ended before asking", err: &mysql.MySQLError{Number: 1452}, askErr: context.DeadlineExceeded, asked: true, dead: true},
+		{name: "other error, transaction open", err: &mysql.MySQLError{Number: 1452}, open: true, asked: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			asked := false
+			cause, dead := mysqlRolledBack(c.err, func() (bool, error) { asked = true; return c.open, c.askErr })
+			require.Equal(t, c.asked, asked, "asked the server")
+			require.Equal(t, c.dead, dead)
+			if !dead {
+				require.NoError(t, cause)
+				return
+			}
+			require.ErrorIs(t, cause, c.err)
+			if c.askErr != nil {
+				require.ErrorIs(t, cause, c.askErr)
+				require.ErrorContains(t, cause, "unknown")
+			}
+		})
+	}
+}

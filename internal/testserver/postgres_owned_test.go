@@ -30,3 +30,23 @@ func TestOwnPostgresRestarts(t *testing.T) {
 	require.False(t, pg.Running())
 	require.Error(t, db.Ping())
 }
+
+// An owned MariaDB starts with the read-only settings it was given, serves
+// its database "test", and is gone once stopped.
+func TestOwnMariaDBTakesReadOnlySettings(t *testing.T) {
+	t.Parallel()
+	began := time.Now()
+	m := OwnMariaDB(t, "--innodb-rollback-on-timeout=ON", "--innodb-lock-wait-timeout=1")
+	t.Logf("initialised and started in %v", time.Since(began))
+	db := Open(t, MariaDBDriver, m.URL())
+	var rollback, wait int
+	require.NoError(t, db.QueryRow(`SELECT @@innodb_rollback_on_timeout, @@innodb_lock_wait_timeout`).Scan(&rollback, &wait))
+	require.Equal(t, 1, rollback)
+	require.Equal(t, 1, wait)
+	_, err := db.Exec(`CREATE TABLE t (n int)`)
+	require.NoError(t, err)
+
+	require.NoError(t, m.Stop())
+	require.False(t, m.Running())
+	require.Error(t, db.Ping())
+}

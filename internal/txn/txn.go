@@ -111,7 +111,12 @@ func Run(ctx context.Context, db contend.DB, opts Options, fn func(ctx context.C
 // BEGIN is watched like a statement (see [Watch]): a call into a silent
 // network returns [CancelGrace] after ctx's end, so a call returns within
 // ctx's deadline, plus CancelGrace, plus opts.FinishTimeout, as long as fn's
-// own statements return when ctx ends.
+// own statements return when ctx ends. When fn fails with [ErrNoAnswer] (a
+// watched statement given up on, which database/sql's Rollback would wait
+// for), RunTx does not wait for the rollback: it returns at once, within
+// ctx's deadline plus CancelGrace, and the rollback runs detached, bounded
+// by opts.FinishTimeout, on a connection the driver has marked broken, so
+// that the pool closes it rather than hand it out again.
 //
 // In a transaction someone else owns, fn runs once, RunTx neither commits
 // nor rolls back, and errors are returned for the owner to handle: only it
@@ -191,6 +196,20 @@ func once(ctx context.Context, d sqldb.DB, opts Options, fn func(context.Context
 	ended := false
 	defer func() {
 		if ended {
+			return
+		}
+		if errors.Is(err, ErrNoAnswer) {
+			// A statement of fn's was given up on and still runs: database/sql's
+			// Rollback waits for it, which on a silent network lasts until the
+			// kernel gives up on the connection. The call returns now, and the
+			// rollback runs detached, within the same bound. The connection is
+			// not pooled again in an unknown state: the driver marked it broken
+			// when the statement's ctx ended (lib/pq, pgx's stdlib and
+			// go-sql-driver/mysql all do), and database/sql closes a broken
+			// connection rather than pool it once the rollback returns.
+			go func() { _ = e.end("rollback", tx.Rollback) }()
+			err = fmt.Errorf("%w (the transaction is rolled back in the background, and the server holds its locks "+
+				"until it sees the rollback or the connection closed)", err)
 			return
 		}
 		// Runs on error and on panic alike.
@@ -414,9 +433,34 @@ func WatchStmt(ctx context.Context, s sqldb.Stmt, tx sqldb.Tx, args []any) (int6
 	return w.watch(ctx)
 }
 
+// WatchScan is [Watch] for q.QueryRow(ctx, query, args...).Scan(dest...):
+// it scans query's first row into dest, or returns an error matching
+// [sql.ErrNoRows] when there is none. A read given up on goes on alone, and
+// never writes into dest after WatchScan returned: the row is read on the
+// watched goroutine, and scanned into dest only under the watcher's mutex,
+// while the caller still waits for it. So the caller's variables need no
+// copies, and the call no closure: a watched read costs what the driver's
+// costs, and the goroutine it runs on.
+func WatchScan(ctx context.Context, q sqldb.Querier, query string, args, dest []any) error {
+	if !NeedsWatch(ctx, q) {
+		return q.QueryRow(ctx, query, args...).Scan(dest...)
+	}
+	for _, d := range dest {
+		if _, ok := d.(*sql.RawBytes); ok {
+			// As database/sql's Row.Scan: the bytes would be the driver's,
+			// reused once the rows are closed.
+			return errors.New("sql: RawBytes isn't allowed on Row.Scan")
+		}
+	}
+	w := watchers.Get().(*watcher)
+	w.ctx, w.q, w.query, w.args, w.dest = ctx, q, query, args, dest
+	_, err := w.watch(ctx)
+	return err
+}
+
 // A watcher runs a watched call on a goroutine of its own: call, or else a
-// statement, q's or stmt's. Watchers are reused, channel and all, once
-// their call's answer has been read.
+// statement, q's or stmt's, or a read of q's into dest. Watchers are
+// reused, channel and all, once their call's answer has been read.
 type watcher struct {
 	done chan answer // buffered: an abandoned call's answer never blocks
 	call func() error
@@ -427,6 +471,10 @@ type watcher struct {
 	stmt  sqldb.Stmt
 	tx    sqldb.Tx
 	args  []any
+	dest  []any // a read's: the caller's variables
+
+	mu        sync.Mutex // protects abandoned, and dest's variables while the call runs
+	abandoned bool       // the caller returned without the answer: dest is not to be written
 }
 
 type answer struct {
@@ -451,7 +499,11 @@ func (w *watcher) watch(ctx context.Context) (int64, error) {
 		w.recycle()
 		return a.n, a.err
 	case <-t.C:
-		// w stays with the call, whose answer nobody reads.
+		// w stays with the call, whose answer nobody reads; a read in it
+		// that has begun to scan is waited for, one that has not never will.
+		w.mu.Lock()
+		w.abandoned = true
+		w.mu.Unlock()
 		return 0, fmt.Errorf("%w %v after ctx ended: %w", ErrNoAnswer, CancelGrace, context.Cause(ctx))
 	}
 }
@@ -463,10 +515,42 @@ func (w *watcher) run() {
 		a.err = w.call()
 	case w.stmt != nil:
 		a.n, a.err = w.stmt.Exec(w.ctx, w.tx, w.args...)
+	case w.dest != nil:
+		a.err = w.scan()
 	default:
 		a.n, a.err = w.q.Exec(w.ctx, w.query, w.args...)
 	}
 	w.done <- a
+}
+
+// scan is [WatchScan]'s read, as database/sql's Row.Scan does it: the
+// network's part (the query, the row, the end of the answer) outside the
+// mutex, the scan into the caller's variables inside it, and only while
+// the caller waits.
+func (w *watcher) scan() error {
+	rows, err := w.q.Query(w.ctx, w.query, w.args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	w.mu.Lock()
+	if w.abandoned {
+		w.mu.Unlock()
+		return ErrNoAnswer
+	}
+	err = rows.Scan(w.dest...)
+	w.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// The statement's answer ends without an error.
+	return rows.Close()
 }
 
 func (w *watcher) recycle() {
