@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
+	"time"
 	"testing"
 
 	"github.com/jmoiron/sqlx"
@@ -101,6 +102,9 @@ func (e *env) effect(key, fingerprint string) func(ctx context.Context) ([]byte,
 
 func (e *env) writeEffect(ctx context.Context, key, fingerprint string) ([]byte, error) {
 	answer := fmt.Sprintf("%s/%s/%d", key, fingerprint, rand.Int64())
+	// The work a request does before its write (a price looked up, a
+	// service called): the window in which a duplicate runs too.
+	time.Sleep(2 * time.Millisecond)
 	_, err := testserver.Querier(ctx, e.db).Exec(ctx, e.q(`INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`), key, fingerprint, answer)
 	if err != nil {
 		return nil, err
