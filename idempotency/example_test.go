@@ -109,4 +109,3 @@ func exampleDB(setup string) (*sqlx.DB, func()) {
 		admin.Close()
 	}
 }
-

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"regexp"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
