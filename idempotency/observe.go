@@ -98,10 +98,10 @@ func (r *report) ended(ctx context.Context, err error) {
 	case r.ran:
 		// fn ran and its error rolled everything back.
 		r.event(ctx, contend.EventReleased, err)
-	case errors.Is(err, ErrInFlight):
-		r.event(ctx, contend.EventConflict, err)
 	case context.Cause(ctx) != nil:
 		r.event(ctx, contend.EventGaveUp, err)
+	case errors.Is(err, ErrInFlight):
+		r.event(ctx, contend.EventConflict, err)
 	default:
 		r.event(ctx, contend.EventFailed, err)
 	}
