@@ -13,7 +13,6 @@ import (
 	"github.com/contend/contend/idempotency"
 )
 
-
 // The key is taken with a fence that fn receives, the answer recorded and
 // replayed; another request is refused; a transient error frees the key at
 // once.
@@ -169,4 +168,3 @@ func TestExternalRefusesATransaction(t *testing.T) {
 	_, _, err = s.DoExternal(t.Context(), "k", "fp", func(context.Context, int64) ([]byte, error) { return nil, nil })
 	require.ErrorIs(t, err, contend.ErrInvalid)
 }
-
