@@ -27,6 +27,10 @@ import (
 
 const benchPartitions = 16
 
+// rawBuffer is the raw channels' capacity: Config.Buffer's default, so that
+// both hold as many jobs per partition.
+const rawBuffer = 1024
+
 var benchWorkers = []int{1, 8, 64}
 
 func BenchmarkThroughput(b *testing.B) {
@@ -63,7 +67,7 @@ func rawThroughput(b *testing.B, workers int, pick func() string) {
 		wg      sync.WaitGroup
 	)
 	for i := range chans {
-		chans[i] = make(chan rawJob, queue.DefaultBuffer)
+		chans[i] = make(chan rawJob, rawBuffer)
 		wg.Go(func() {
 			for j := range chans[i] {
 				handled.Add(1 + int64(len(j.payload))) // as the queue's handler sees the job

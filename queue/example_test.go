@@ -40,6 +40,42 @@ func ExampleQueue_Submit() {
 	// Output: HELLO <nil>
 }
 
+// Stats counts what the partitions hold and did, per partition and summed:
+// here three jobs enqueued before Run, two of them on one key's partition,
+// and then the same three handled.
+func ExampleQueue_Stats() {
+	q, err := queue.New(queue.Config{Partitions: 4, Handler: func(context.Context, queue.Job) ([]byte, error) {
+		return nil, nil
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, key := range []string{"sku-1", "sku-1", "sku-2"} {
+		if err := q.Enqueue(ctx, key, nil); err != nil {
+			log.Fatal(err)
+		}
+	}
+	s, err := q.Stats(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("waiting:", s.Depth, "sku-1's partition:", s.Partitions[q.Partition("sku-1")].Depth)
+
+	// Close runs the accepted jobs before it returns.
+	if err := q.Close(ctx); err != nil {
+		log.Fatal(err)
+	}
+	s, err = q.Stats(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("waiting:", s.Depth, "handled:", s.Handled)
+	// Output:
+	// waiting: 3 sku-1's partition: 2
+	// waiting: 0 handled: 3
+}
+
 // Do makes the queue a Guard for this process: fns of one key run one at a
 // time on its partition worker, so an unguarded read-modify-write is safe.
 func ExampleQueue_Do() {
@@ -131,7 +167,7 @@ func Example_hotKey() {
 // in the buffer: the buys keep their order.
 func submit(ctx context.Context, q *queue.Queue, key string) <-chan string {
 	answer := make(chan string, 1)
-	depth := q.Stats().Depth
+	depth := waiting(ctx, q)
 	go func() {
 		v, err := q.Submit(ctx, key, nil)
 		if err != nil {
@@ -140,11 +176,20 @@ func submit(ctx context.Context, q *queue.Queue, key string) <-chan string {
 		}
 		answer <- string(v)
 	}()
-	for q.Stats().Depth == depth {
+	for waiting(ctx, q) == depth {
 		// The queue is not running yet: the depth grows when the job is in.
 		runtime.Gosched()
 	}
 	return answer
+}
+
+// waiting returns how many jobs wait in q.
+func waiting(ctx context.Context, q *queue.Queue) int {
+	s, err := q.Stats(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return s.Depth
 }
 
 // An idempotent handler: the job id and the effect are written by one

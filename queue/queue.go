@@ -68,14 +68,32 @@ type Result struct {
 	Err   error  // the job's final answer, not retried (unlike the batch's error)
 }
 
-// DeadLetter is a job that failed on every delivery, with its last error.
+// A DeadLetter is a job that failed on every delivery [Config.Retry]
+// allowed, with its last error: what [Config.DeadLetter] receives in
+// memory, and what package redisq's Queue.DeadLetters lists from a
+// partition's dead-letter stream.
 type DeadLetter struct {
-	Job Job   // as its last delivery got it
-	Err error // what the last delivery returned
+	// ID names the dead letter within its partition's dead-letter stream,
+	// for redisq's Queue.RequeueDeadLetters and Queue.DeleteDeadLetters;
+	// IDs grow in the order jobs were dead-lettered. Empty in memory,
+	// where nothing keeps dead letters but [Config.DeadLetter].
+	ID string
+	// Job is the job as its last delivery had it: its Key and Payload, and
+	// in Attempt the deliveries it had (in redisq, counted across
+	// instances).
+	Job Job
+	// Err is what the last delivery returned. From redisq's dead-letter
+	// stream it matches redisq.ErrRemote and carries the handler's message:
+	// the error's type does not survive Redis.
+	Err error
+	// At is when the job was dead-lettered: by this process's clock in
+	// memory, by Redis's to the millisecond in redisq.
+	At time.Time
 }
 
-// Config configures a [Queue]. Exactly one of Handler and BatchHandler must be
-// set; every other field has a default.
+// Config configures a [Queue]. Partitions and exactly one of Handler and
+// BatchHandler must be set; every other field has a default, which its doc
+// states: the zero value of the field takes it.
 type Config struct {
 	// Partitions is how many partitions, and so worker goroutines, the queue
 	// has. Required: there is no default, because the number decides which
@@ -122,10 +140,10 @@ type Config struct {
 	Observer contend.Observer
 }
 
-// Defaults of [Config].
+// The defaults of [Config]'s fields, which their docs state.
 const (
-	DefaultBuffer   = 1024
-	DefaultMaxBatch = 100
+	defaultBuffer   = 1024
+	defaultMaxBatch = 100
 )
 
 func (c Config) validate() (Config, error) {
@@ -142,10 +160,10 @@ func (c Config) validate() (Config, error) {
 		return c, fmt.Errorf("queue: max batch %d: %w", c.MaxBatch, contend.ErrInvalid)
 	}
 	if c.Buffer == 0 {
-		c.Buffer = DefaultBuffer
+		c.Buffer = defaultBuffer
 	}
 	if c.MaxBatch == 0 {
-		c.MaxBatch = DefaultMaxBatch
+		c.MaxBatch = defaultMaxBatch
 	}
 	return c, nil
 }
@@ -157,7 +175,8 @@ func (c Config) validate() (Config, error) {
 //
 // Submit, Enqueue and Do may be called before Run (jobs wait in the buffers)
 // and from many goroutines at once. Close drains: it stops taking jobs, runs
-// every accepted one, and waits for the workers.
+// every accepted one, and waits for the workers. Once Close was called,
+// Submit, Enqueue, Do and Run return [contend.ErrClosed].
 type Queue struct {
 	cfg   Config
 	parts []part
@@ -288,25 +307,11 @@ func New(cfg Config) (*Queue, error) {
 	return q, nil
 }
 
-// Partition returns the partition of key: [PartitionOf] the queue's
-// partitions.
-func (q *Queue) Partition(key string) int { return PartitionOf(key, len(q.parts)) }
-
-// PartitionOf returns the partition of key among n: FNV-1a 64 of the key's
-// bytes, modulo n. The hash is stable across processes and Go versions, so
-// instances, and backends, that agree on n agree on the mapping.
-func PartitionOf(key string, n int) int {
-	const (
-		offset = 14695981039346656037
-		prime  = 1099511628211
-	)
-	h := uint64(offset)
-	for i := 0; i < len(key); i++ {
-		h ^= uint64(key[i])
-		h *= prime
-	}
-	return int(h % uint64(n))
-}
+// Partition returns the partition of key among the queue's: FNV-1a 64 of
+// the key's bytes, modulo Partitions. The hash is stable across processes
+// and Go versions, so queues, and package redisq's, that agree on
+// Partitions agree on the mapping.
+func (q *Queue) Partition(key string) int { return queuecore.PartitionOf(key, len(q.parts)) }
 
 // Run starts one worker per partition and blocks until the queue is closed,
 // then returns nil; or until ctx ends, then it drains like Close without a
@@ -436,7 +441,7 @@ func (q *Queue) put(ctx context.Context, it item) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
-	pt := &q.parts[PartitionOf(it.key, len(q.parts))]
+	pt := &q.parts[q.Partition(it.key)]
 	var began time.Time // of the wait for room, when observed
 	for {
 		room, err := pt.put(it, q.cfg.Buffer)
@@ -767,7 +772,7 @@ func (q *Queue) deadLetter(ctx context.Context, pc *partitionCounters, job Job, 
 	pc.DeadLetters.Add(1)
 	queuecore.Report(ctx, q.cfg.Observer, contend.EventDeadLettered, job.Key, time.Time{}, job.Attempt, err)
 	if q.cfg.DeadLetter != nil {
-		q.cfg.DeadLetter(DeadLetter{Job: job, Err: err})
+		q.cfg.DeadLetter(DeadLetter{Job: job, Err: err, At: time.Now()})
 	}
 	return fmt.Errorf("%w: job for %s after %d deliveries: %w", ErrDeadLettered, job.Key, job.Attempt, err)
 }

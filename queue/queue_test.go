@@ -43,6 +43,14 @@ func start(t testing.TB, cfg queue.Config) *queue.Queue {
 
 func echo(_ context.Context, job queue.Job) ([]byte, error) { return job.Payload, nil }
 
+// stats returns q's Stats, which in memory never fail.
+func stats(t testing.TB, q *queue.Queue) queue.Stats {
+	t.Helper()
+	s, err := q.Stats(t.Context())
+	require.NoError(t, err)
+	return s
+}
+
 // fast retries quickly: tests wait on outcomes, not on backoff.
 var fast = contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond, MaxDelay: time.Microsecond}
 
@@ -123,7 +131,7 @@ func TestOrderPerKey(t *testing.T) {
 	require.NoError(t, q.Close(ctx), "Close drains every accepted job")
 	require.EqualValues(t, producers*keys*jobs, order.Seen())
 	require.Zero(t, order.Bad(), "jobs of one key ran out of order or overlapped")
-	require.EqualValues(t, producers*keys*jobs, q.Stats().Handled)
+	require.EqualValues(t, producers*keys*jobs, stats(t, q).Handled)
 }
 
 // Submitters that each wait for their answer keep a worker going idle and
@@ -149,7 +157,7 @@ func TestSubmitWhileWorkerIdles(t *testing.T) {
 		}
 		return nil
 	})
-	require.EqualValues(t, submitters*jobs, q.Stats().Handled)
+	require.EqualValues(t, submitters*jobs, stats(t, q).Handled)
 }
 
 // Keys of different partitions run in parallel: the handler of key a waits
@@ -201,7 +209,7 @@ func TestBackpressure(t *testing.T) {
 			<-entered // the worker holds the first job; the buffer is empty
 			require.NoError(t, q.Enqueue(t.Context(), "k", nil))
 			require.NoError(t, q.Enqueue(t.Context(), "k", nil))
-			require.Equal(t, 2, q.Stats().Depth)
+			require.Equal(t, 2, stats(t, q).Depth)
 			ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 			defer cancel()
 			err := q.Enqueue(ctx, "k", nil)
@@ -211,7 +219,7 @@ func TestBackpressure(t *testing.T) {
 				require.ErrorIs(t, err, context.DeadlineExceeded)
 				require.ErrorIs(t, err, contend.ErrConflict, "a wait cut short by ctx is a lost race, as in distlock")
 			}
-			require.Equal(t, 2, q.Stats().Depth)
+			require.Equal(t, 2, stats(t, q).Depth)
 		})
 	}
 }
@@ -248,8 +256,9 @@ func TestRetryAndDeadLetter(t *testing.T) {
 	got, err := q.Submit(ctx, "k", []byte("flaky"))
 	require.NoError(t, err, "the third delivery succeeds")
 	require.Equal(t, "flaky", string(got))
-	require.EqualValues(t, 2, q.Stats().Redeliveries)
+	require.EqualValues(t, 2, stats(t, q).Redeliveries)
 
+	before := time.Now()
 	_, err = q.Submit(ctx, "k", []byte("poison"))
 	require.ErrorIs(t, err, queue.ErrDeadLettered)
 	require.ErrorIs(t, err, errPoison)
@@ -257,6 +266,8 @@ func TestRetryAndDeadLetter(t *testing.T) {
 	require.Equal(t, "poison", string(d.Job.Payload))
 	require.Equal(t, 3, d.Job.Attempt)
 	require.ErrorIs(t, d.Err, errPoison)
+	require.Empty(t, d.ID, "in memory nothing keeps dead letters to name")
+	require.WithinRange(t, d.At, before, time.Now(), "when it was dead-lettered")
 
 	_, err = q.Submit(ctx, "k", []byte("panic"))
 	require.ErrorIs(t, err, queue.ErrPanic, "a panic is an error, not a crash")
@@ -265,7 +276,7 @@ func TestRetryAndDeadLetter(t *testing.T) {
 	got, err = q.Submit(ctx, "k", []byte("after"))
 	require.NoError(t, err, "the key moves on after a poison job")
 	require.Equal(t, "after", string(got))
-	require.EqualValues(t, 2, q.Stats().DeadLetters)
+	require.EqualValues(t, 2, stats(t, q).DeadLetters)
 
 	// flaky failed twice; poison and panic three times each, then went to
 	// the dead letters.
@@ -548,7 +559,7 @@ func TestCloseDeadlineAborts(t *testing.T) {
 		_, err := q.Submit(context.Background(), "k", []byte("waits"))
 		waiting <- err
 	}()
-	for q.Stats().Depth < 2 {
+	for stats(t, q).Depth < 2 {
 		// Wait for the second submit to reach the buffer; Depth is the
 		// signal, and Gosched keeps the loop from starving it.
 		runtime.Gosched()

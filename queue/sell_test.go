@@ -196,7 +196,7 @@ func TestBatchPoisonIsolated(t *testing.T) {
 		}()
 		// Not running yet, so the buffer's depth says the job is in, in
 		// order: all three then form one batch.
-		for q.Stats().Depth < i+1 {
+		for stats(t, q).Depth < i+1 {
 			runtime.Gosched()
 		}
 	}
@@ -215,7 +215,7 @@ func TestBatchPoisonIsolated(t *testing.T) {
 	require.Equal(t, "poison", string(d.Job.Payload))
 	require.ErrorIs(t, d.Err, errPoison)
 	require.Empty(t, dead, "only the poison job is dead-lettered")
-	require.EqualValues(t, 1, q.Stats().DeadLetters)
+	require.EqualValues(t, 1, stats(t, q).DeadLetters)
 }
 
 // A batch that fails on every delivery, as during a database outage: each
@@ -251,7 +251,7 @@ func TestBatchOutageBounded(t *testing.T) {
 			_, err := q.Submit(t.Context(), "k", []byte(strconv.Itoa(i)))
 			errs <- err
 		}()
-		for q.Stats().Depth < i+1 { // in order, and one batch once Close runs them
+		for stats(t, q).Depth < i+1 { // in order, and one batch once Close runs them
 			runtime.Gosched()
 		}
 	}
@@ -267,5 +267,5 @@ func TestBatchOutageBounded(t *testing.T) {
 	for i := range n {
 		require.Equal(t, []int{1, 2, 3, 4}, attempts[strconv.Itoa(i)], "job %d's deliveries", i)
 	}
-	require.EqualValues(t, n, q.Stats().DeadLetters)
+	require.EqualValues(t, n, stats(t, q).DeadLetters)
 }

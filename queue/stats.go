@@ -1,13 +1,15 @@
 package queue
 
 import (
+	"context"
 	"sync/atomic"
 
 	"github.com/contend/contend/internal/queuecore"
 )
 
 // Stats is a snapshot of what a queue holds and has done, per partition and
-// summed. Counters only grow; Depth and InFlight are instantaneous.
+// summed over them. Counters only grow; Depth and InFlight are
+// instantaneous.
 type Stats struct {
 	PartitionStats
 	// Partitions holds one entry per partition, by index (see
@@ -17,7 +19,8 @@ type Stats struct {
 
 // PartitionStats is what one partition holds and has done.
 type PartitionStats struct {
-	// Depth is how many jobs wait in the buffer.
+	// Depth is how many jobs wait: in memory, in the partition's buffer;
+	// in package redisq, in the partition's stream, not yet acknowledged.
 	Depth int
 	// InFlight is how many jobs a handler is processing now.
 	InFlight int64
@@ -27,15 +30,6 @@ type PartitionStats struct {
 	Redeliveries int64
 	// DeadLetters counts jobs that failed on every delivery.
 	DeadLetters int64
-}
-
-// Add adds o's figures to s: a sum over partitions, or over instances.
-func (s *PartitionStats) Add(o PartitionStats) {
-	s.Depth += o.Depth
-	s.InFlight += o.InFlight
-	s.Handled += o.Handled
-	s.Redeliveries += o.Redeliveries
-	s.DeadLetters += o.DeadLetters
 }
 
 type counters struct {
@@ -59,20 +53,18 @@ func (pc *partitionCounters) waiting(items []item, next int) {
 }
 
 // Stats returns a snapshot of the queue's counters. It is safe to call at any
-// time, from any goroutine.
-func (q *Queue) Stats() Stats {
+// time, from any goroutine. In memory it reads no server and never fails:
+// ctx and the error give it the shape of package redisq's Stats, which
+// reads the streams' depth from Redis.
+func (q *Queue) Stats(ctx context.Context) (Stats, error) {
 	s := Stats{Partitions: make([]PartitionStats, len(q.parts))}
+	var sum queuecore.Figures
 	for i := range q.parts {
 		pc := &q.stats.partitions[i]
-		ps := PartitionStats{
-			Depth:        q.parts[i].depth() + int(pc.taken.Load()),
-			InFlight:     pc.InFlight.Load(),
-			Handled:      pc.Handled.Load(),
-			Redeliveries: pc.Redeliveries.Load(),
-			DeadLetters:  pc.DeadLetters.Load(),
-		}
-		s.Partitions[i] = ps
-		s.PartitionStats.Add(ps)
+		f := pc.Snapshot(q.parts[i].depth() + int(pc.taken.Load()))
+		s.Partitions[i] = PartitionStats(f)
+		sum.Add(f)
 	}
-	return s
+	s.PartitionStats = PartitionStats(sum)
+	return s, nil
 }

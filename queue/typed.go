@@ -14,31 +14,30 @@ type Codec interface {
 	Unmarshal(data []byte, v any) error
 }
 
-// JSON is the [Codec] of encoding/json.
-type JSON struct{}
+// jsonCodec is the [Codec] of encoding/json, a nil Codec's.
+type jsonCodec struct{}
 
-// Marshal implements [Codec].
-func (JSON) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
+func (jsonCodec) Marshal(v any) ([]byte, error) { return json.Marshal(v) }
 
-// Unmarshal implements [Codec].
-func (JSON) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+func (jsonCodec) Unmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
 
 // Typed puts request and response types on a queue's byte payloads: its
 // Handler wraps a typed handler for [Config.Handler], and its Submit and
 // Enqueue encode the request and decode the answer. The zero value uses
-// [JSON]. A Typed holds no state; it is safe for simultaneous use.
+// encoding/json. A Typed holds no state; it is safe for simultaneous use.
 //
 //	var buys queue.Typed[Buy, Answer]
 //	q, err := queue.New(queue.Config{Partitions: 16, Handler: buys.Handler(sell)})
 //	answer, err := buys.Submit(ctx, q, "sku-1", Buy{Qty: 1})
 type Typed[Req, Resp any] struct {
-	// Codec encodes requests and responses. Default: JSON.
+	// Codec encodes requests and responses. Default: nil, encoding/json
+	// (json.Marshal and json.Unmarshal).
 	Codec Codec
 }
 
 func (t Typed[Req, Resp]) codec() Codec {
 	if t.Codec == nil {
-		return JSON{}
+		return jsonCodec{}
 	}
 	return t.Codec
 }

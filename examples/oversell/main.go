@@ -456,7 +456,7 @@ func openShop(ctx context.Context, s *shop, rdb *redis.Client, prefix string, wi
 	if !withQueue {
 		return s, closeLocks, nil
 	}
-	s.queue, err = redisq.New(redisq.Config{Redis: rdb, Prefix: prefix + "queue:", Partitions: 4, Handler: s.handlePurchase})
+	s.queue, err = redisq.New(rdb, redisq.Config{Prefix: prefix + "queue:", Partitions: 4, Handler: s.handlePurchase})
 	if err != nil {
 		closeLocks()
 		return nil, nil, err

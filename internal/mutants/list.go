@@ -307,7 +307,7 @@ var mutants = []mutant{
 	// queue: in memory, and on Redis Streams.
 	{
 		Name: "queue/key-partition",
-		File: "queue/queue.go",
+		File: "internal/queuecore/queuecore.go",
 		Old:  "return int(h % uint64(n))\n}",
 		New:  "roundRobin++\n\treturn int(roundRobin % uint64(n))\n}\n\nvar roundRobin uint64",
 		Pkg:  "./queue",
@@ -320,7 +320,7 @@ var mutants = []mutant{
 		Name:   "redisq/ack-before-handle",
 		File:   "queue/redisq/redisq.go",
 		Old:    "results, err := q.handle(ctx, pc, ds)",
-		New:    "for _, d := range ds {\n\t\t\tq.cfg.Redis.XAck(ctx, q.stream(p), group, d.msg.ID)\n\t\t}\n\t\tresults, err := q.handle(ctx, pc, ds)",
+		New:    "for _, d := range ds {\n\t\t\tq.rdb.XAck(ctx, q.stream(p), group, d.msg.ID)\n\t\t}\n\t\tresults, err := q.handle(ctx, pc, ds)",
 		Pkg:    "./queue/redisq",
 		Run:    "TestKillConsumerMidJob|TestCluster/sell_across_processes",
 		Breaks: "a job is acknowledged only after its handler succeeded: a consumer that dies mid-job loses nothing",

@@ -1,8 +1,8 @@
 // Package queuecore holds what package queue's two backends, the in-memory
 // Queue and package redisq's Redis Streams queue, do the same way, and users
-// must not call: running a handler so that its panic becomes an error,
-// counting a partition's work, and the error of a caller who stopped
-// waiting.
+// must not call: the mapping of keys to partitions, running a handler so
+// that its panic becomes an error, counting a partition's work, and the
+// events they report.
 package queuecore
 
 import (
@@ -44,11 +44,55 @@ func recoverAsError(err *error) {
 	}
 }
 
+// PartitionOf returns the partition of key among n: FNV-1a 64 of the key's
+// bytes, modulo n. The hash is stable across processes and Go versions, so
+// instances, and backends, that agree on n agree on the mapping.
+func PartitionOf(key string, n int) int {
+	const (
+		offset = 14695981039346656037
+		prime  = 1099511628211
+	)
+	h := uint64(offset)
+	for i := 0; i < len(key); i++ {
+		h ^= uint64(key[i])
+		h *= prime
+	}
+	return int(h % uint64(n))
+}
+
 // Counters are one partition's running totals, as both backends keep them:
 // jobs running, handled, delivered again, and dead letters. Safe for
 // concurrent use.
 type Counters struct {
 	InFlight, Handled, Redeliveries, DeadLetters atomic.Int64
+}
+
+// Figures has the fields of package queue's PartitionStats, in its order,
+// so that the one converts to the other: both backends make their Stats
+// with Snapshot and Add.
+type Figures struct {
+	Depth                                        int
+	InFlight, Handled, Redeliveries, DeadLetters int64
+}
+
+// Snapshot returns c's totals now, with depth, the jobs waiting.
+func (c *Counters) Snapshot(depth int) Figures {
+	return Figures{
+		Depth:        depth,
+		InFlight:     c.InFlight.Load(),
+		Handled:      c.Handled.Load(),
+		Redeliveries: c.Redeliveries.Load(),
+		DeadLetters:  c.DeadLetters.Load(),
+	}
+}
+
+// Add adds o's figures to f.
+func (f *Figures) Add(o Figures) {
+	f.Depth += o.Depth
+	f.InFlight += o.InFlight
+	f.Handled += o.Handled
+	f.Redeliveries += o.Redeliveries
+	f.DeadLetters += o.DeadLetters
 }
 
 // Strategy is the Strategy of both backends' events.

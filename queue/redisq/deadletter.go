@@ -13,25 +13,6 @@ import (
 	"github.com/contend/contend/queue"
 )
 
-// A DeadLetter is a job that failed on every delivery [Config.Retry]
-// allowed, as its partition's dead-letter stream keeps it: until it is
-// requeued or deleted, or dropped past [Config.DeadLetterLimit].
-type DeadLetter struct {
-	// ID names the dead letter within its partition, for
-	// [Queue.RequeueDeadLetters] and [Queue.DeleteDeadLetters]. IDs grow
-	// in the order jobs were dead-lettered.
-	ID string
-	// Job is the job as its last delivery had it: its Key and Payload, and
-	// in Attempt the deliveries it had, counted across instances.
-	Job queue.Job
-	// Err is the last delivery's error: it matches [ErrRemote] and carries
-	// the handler's message (the error's type does not survive Redis).
-	Err error
-	// At is when the job was dead-lettered, by Redis's clock, to the
-	// millisecond.
-	At time.Time
-}
-
 // maxDeadLetters bounds the dead letters one call lists, requeues or
 // deletes, so that no call holds Redis for long.
 const maxDeadLetters = 1000
@@ -43,9 +24,16 @@ const maxDeadLetters = 1000
 // count 0 means 100, and it may be at most 1000. Jobs are dead-lettered on
 // the partition of their key, [Queue.Partition].
 //
+// Each dead letter has every field of [queue.DeadLetter] set: its ID, for
+// [Queue.RequeueDeadLetters] and [Queue.DeleteDeadLetters]; its Job, with
+// in Attempt the deliveries it had across instances; its Err, matching
+// [ErrRemote] with the handler's message; and At, when it was
+// dead-lettered, by Redis's clock. A dead letter stays until it is
+// requeued or deleted, or dropped past [Config.DeadLetterLimit].
+//
 // A p outside the partitions, a count out of range, or an after that is
 // not a dead letter's ID is an error matching [contend.ErrInvalid].
-func (q *Queue) DeadLetters(ctx context.Context, p int, after string, count int) ([]DeadLetter, error) {
+func (q *Queue) DeadLetters(ctx context.Context, p int, after string, count int) ([]queue.DeadLetter, error) {
 	if err := q.validPartition(p); err != nil {
 		return nil, err
 	}
@@ -62,17 +50,17 @@ func (q *Queue) DeadLetters(ctx context.Context, p int, after string, count int)
 		}
 		start = "(" + after // exclusive
 	}
-	msgs, err := q.cfg.Redis.XRangeN(ctx, q.deadLetters(p), start, "+", int64(count)).Result()
+	msgs, err := q.rdb.XRangeN(ctx, q.deadLetters(p), start, "+", int64(count)).Result()
 	if err != nil {
 		return nil, fmt.Errorf("redisq: dead letters of partition %d: %w", p, err)
 	}
-	letters := make([]DeadLetter, len(msgs))
+	letters := make([]queue.DeadLetter, len(msgs))
 	for i, m := range msgs {
 		at, _ := idTime(m.ID) // Redis made the ID
 		attempts, _ := m.Values["attempts"].(string)
 		n, _ := strconv.Atoi(attempts)
 		msg, _ := m.Values["error"].(string)
-		letters[i] = DeadLetter{ID: m.ID, Job: toJob(m, n), Err: remote(msg), At: at}
+		letters[i] = queue.DeadLetter{ID: m.ID, Job: toJob(m, n), Err: remote(msg), At: at}
 	}
 	return letters, nil
 }
@@ -97,7 +85,7 @@ func (q *Queue) RequeueDeadLetters(ctx context.Context, p int, ids ...string) (i
 	for i, id := range ids {
 		args[i] = id
 	}
-	n, err := requeue.Run(ctx, q.cfg.Redis, []string{q.deadLetters(p), q.stream(p)}, args...).Int()
+	n, err := requeue.Run(ctx, q.rdb, []string{q.deadLetters(p), q.stream(p)}, args...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("redisq: requeue dead letters of partition %d: %w", p, err)
 	}
@@ -136,7 +124,7 @@ func (q *Queue) DeleteDeadLetters(ctx context.Context, p int, ids ...string) (in
 	if err := q.checkIDs(p, ids); err != nil || len(ids) == 0 {
 		return 0, err
 	}
-	n, err := q.cfg.Redis.XDel(ctx, q.deadLetters(p), ids...).Result()
+	n, err := q.rdb.XDel(ctx, q.deadLetters(p), ids...).Result()
 	if err != nil {
 		return 0, fmt.Errorf("redisq: delete dead letters of partition %d: %w", p, err)
 	}

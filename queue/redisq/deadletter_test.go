@@ -42,7 +42,7 @@ func testDeadLetters(t *testing.T, client redis.UniversalClient, prefix string) 
 	}
 	p := operator.Partition("bad")
 
-	var all []redisq.DeadLetter
+	var all []queue.DeadLetter
 	for after := ""; ; {
 		page, err := operator.DeadLetters(ctx, p, after, 2)
 		require.NoError(t, err)
@@ -109,7 +109,7 @@ func testDeadLetters(t *testing.T, client redis.UniversalClient, prefix string) 
 	require.Zero(t, n)
 	left, err := operator.DeadLetters(ctx, p, "", 0)
 	require.NoError(t, err)
-	require.Equal(t, []redisq.DeadLetter{all[2]}, left)
+	require.Equal(t, []queue.DeadLetter{all[2]}, left)
 	waitDepth(t, operator, 0)
 	select {
 	case got := <-handled:

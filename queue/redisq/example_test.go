@@ -26,7 +26,7 @@ func Example() {
 	defer done()
 	ctx := context.Background()
 
-	consumer, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 4,
+	consumer, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 4,
 		Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
 			fence, _ := redisq.Fence(ctx) // pass it to the database write
 			return fmt.Appendf(nil, "%s handled under a lease (fence > 0: %t)", job.Payload, fence > 0), nil
@@ -37,7 +37,7 @@ func Example() {
 	go consumer.Run(ctx)
 	defer consumer.Close(ctx)
 
-	producer, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 4})
+	producer, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 4})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func ExampleQueue_Stats() {
 	defer done()
 	ctx := context.Background()
 
-	producer, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 4})
+	producer, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 4})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func ExampleQueue_DeadLetters() {
 
 	var fixed atomic.Bool // the handler's fix is deployed
 	handled := make(chan string, 1)
-	consumer, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 4,
+	consumer, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 4,
 		Retry: contend.Retry{MaxAttempts: 2},
 		Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
 			if string(job.Payload) == "v2" && !fixed.Load() {
@@ -98,7 +98,7 @@ func ExampleQueue_DeadLetters() {
 	go consumer.Run(ctx)
 	defer consumer.Close(ctx)
 
-	operator, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 4})
+	operator, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 4})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func ExampleQueue_DeadLetters() {
 
 	// Every partition's dead letters, a page at a time.
 	const page = 100
-	var letters []redisq.DeadLetter
+	var letters []queue.DeadLetter
 	for p := range 4 {
 		for after := ""; ; {
 			some, err := operator.DeadLetters(ctx, p, after, page)
@@ -124,7 +124,7 @@ func ExampleQueue_DeadLetters() {
 			after = some[len(some)-1].ID
 		}
 	}
-	slices.SortFunc(letters, func(a, b redisq.DeadLetter) int { return strings.Compare(a.Job.Key, b.Job.Key) })
+	slices.SortFunc(letters, func(a, b queue.DeadLetter) int { return strings.Compare(a.Job.Key, b.Job.Key) })
 	for _, l := range letters {
 		fmt.Printf("%s %s: %d deliveries, %v\n", l.Job.Key, l.Job.Payload, l.Job.Attempt, l.Err)
 	}

@@ -20,5 +20,5 @@ func (q *Queue) Acknowledge(ctx context.Context, p int, ids ...string) error {
 	for _, id := range ids {
 		args = append(args, id)
 	}
-	return ack.Run(ctx, q.cfg.Redis, []string{q.stream(p)}, args...).Err()
+	return ack.Run(ctx, q.rdb, []string{q.stream(p)}, args...).Err()
 }

@@ -23,7 +23,9 @@ import (
 const (
 	childPrefixEnv = "REDISQ_TEST_CONSUMER_PREFIX"
 	childURLEnv    = "REDISQ_TEST_CONSUMER_URL"
-	killTTL        = 500 * time.Millisecond
+	// killTTL is the consumers' lease: a second, so that a refresh late on
+	// a loaded machine does not lose it (and repeat a job) before the kill.
+	killTTL = time.Second
 )
 
 // TestConsumerProcess is the consumer that TestKillConsumerMidJob starts as a
@@ -37,7 +39,7 @@ func TestConsumerProcess(t *testing.T) {
 	require.NoError(t, err)
 	client := redis.NewClient(opts)
 	defer client.Close()
-	q, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 1, LeaseTTL: killTTL,
+	q, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 1, LeaseTTL: killTTL,
 		Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
 			if string(job.Payload) == "block" {
 				// Tell the test we are mid-job, and stay here until killed.
@@ -152,7 +154,7 @@ func TestLostLeaseStopsBeforeNextJob(t *testing.T) {
 	got := make(chan delivery, 8)
 	entered := make(chan struct{}, 1)
 	first := true
-	instance(t, client, prefix, redisq.Config{Partitions: 1, LeaseTTL: 300 * time.Millisecond, Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
+	instance(t, client, prefix, redisq.Config{Partitions: 1, Handler: func(ctx context.Context, job queue.Job) ([]byte, error) {
 		fence, _ := redisq.Fence(ctx)
 		if string(job.Payload) == "block" && first {
 			first = false // only this partition's worker touches it

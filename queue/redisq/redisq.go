@@ -124,12 +124,11 @@ import (
 // submitted job with: the error's type does not survive the trip.
 var ErrRemote = errors.New("redisq: handler failed")
 
-// Config configures a [Queue]. Redis, Partitions and one of Handler and
-// BatchHandler are required; every other field has a default.
+// Config configures a [Queue]. Partitions is required, and one of Handler
+// and BatchHandler on an instance that runs [Queue.Run]; every other field
+// has a default, which its doc states: the zero value of the field takes
+// it.
 type Config struct {
-	// Redis is the client of the server holding the streams; the queue never
-	// closes it.
-	Redis redis.UniversalClient
 	// Prefix is put before every key the queue makes. Default: "queue:".
 	Prefix string
 	// Partitions is the number of streams. Every instance, producers too,
@@ -146,7 +145,7 @@ type Config struct {
 	MaxBatch int
 	// Retry bounds the deliveries of a failing job, counted by the stream
 	// across owners (see the package doc), and the wait between them; after
-	// the last it goes to the partition's dead letters ([DeadLetter]). A
+	// the last it goes to the partition's dead letters ([Queue.DeadLetters]). A
 	// failed batch is delivered again whole while each of its jobs has more
 	// than one delivery left, then its jobs run alone, so only the job that
 	// keeps failing is dead-lettered (after Retry's deliveries, or one more
@@ -182,14 +181,13 @@ type Config struct {
 	DeadLetterLimit int64
 }
 
-// Defaults of [Config].
+// The defaults of [Config]'s fields, which their docs state.
 const (
-	DefaultPrefix   = "queue:"
-	DefaultMaxBatch = 100
-	DefaultLeaseTTL = 5 * time.Second
-	DefaultReplyTTL = time.Minute
-
-	DefaultDeadLetterLimit = 10000
+	defaultPrefix          = "queue:"
+	defaultMaxBatch        = 100
+	defaultLeaseTTL        = 5 * time.Second
+	defaultReplyTTL        = time.Minute
+	defaultDeadLetterLimit = 10000
 )
 
 // poll bounds a blocking read, so that a worker notices Close and a lost
@@ -222,8 +220,6 @@ func longestBlock(client redis.UniversalClient) time.Duration {
 
 func (c Config) validate(needHandler bool) (Config, error) {
 	switch {
-	case c.Redis == nil:
-		return c, fmt.Errorf("redisq: nil Redis: %w", contend.ErrInvalid)
 	case c.Partitions <= 0:
 		return c, fmt.Errorf("redisq: partitions %d, want at least 1: %w", c.Partitions, contend.ErrInvalid)
 	case c.Handler != nil && c.BatchHandler != nil:
@@ -234,19 +230,19 @@ func (c Config) validate(needHandler bool) (Config, error) {
 		return c, fmt.Errorf("redisq: negative MaxBatch, LeaseTTL, ReplyTTL or DeadLetterLimit: %w", contend.ErrInvalid)
 	}
 	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
+		c.Prefix = defaultPrefix
 	}
 	if c.MaxBatch == 0 {
-		c.MaxBatch = DefaultMaxBatch
+		c.MaxBatch = defaultMaxBatch
 	}
 	if c.LeaseTTL == 0 {
-		c.LeaseTTL = DefaultLeaseTTL
+		c.LeaseTTL = defaultLeaseTTL
 	}
 	if c.ReplyTTL == 0 {
-		c.ReplyTTL = DefaultReplyTTL
+		c.ReplyTTL = defaultReplyTTL
 	}
 	if c.DeadLetterLimit == 0 {
-		c.DeadLetterLimit = DefaultDeadLetterLimit
+		c.DeadLetterLimit = defaultDeadLetterLimit
 	}
 	return c, nil
 }
@@ -254,6 +250,7 @@ func (c Config) validate(needHandler bool) (Config, error) {
 // Queue is one instance's view of the streams: a producer (Submit, Enqueue)
 // and, while Run runs, a consumer of the partitions it holds.
 type Queue struct {
+	rdb      redis.UniversalClient
 	cfg      Config
 	locks    *distlock.Client
 	consumer string        // this instance's name in the consumer group
@@ -275,19 +272,28 @@ type Queue struct {
 	listenDone chan struct{}          // closed when the listener has returned
 }
 
-// New returns a queue for cfg. It starts no goroutine until Run.
-func New(cfg Config) (*Queue, error) {
+// New returns a queue on the streams in rdb, configured by cfg; the queue
+// never closes rdb. rdb is a single node's, Sentinel's or Cluster's client
+// (see the package doc's Keys). New does not touch Redis and starts no
+// goroutine: Run makes a partition's stream and consumer group when it
+// takes the partition, and the first Submit starts the answer listener. It
+// fails with an error matching [contend.ErrInvalid] when rdb is nil or cfg
+// has a bad value.
+func New(rdb redis.UniversalClient, cfg Config) (*Queue, error) {
+	if rdb == nil {
+		return nil, fmt.Errorf("redisq: nil redis client: %w", contend.ErrInvalid)
+	}
 	cfg, err := cfg.validate(false)
 	if err != nil {
 		return nil, err
 	}
-	locks, err := distlock.NewClient(cfg.Redis, distlock.Config{
+	locks, err := distlock.NewClient(rdb, distlock.Config{
 		Prefix: cfg.Prefix + "lease:", TTL: cfg.LeaseTTL, Observer: leaseObserver(cfg.Observer),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("redisq: %w", err)
 	}
-	return &Queue{cfg: cfg, locks: locks, consumer: token.New(), block: longestBlock(cfg.Redis),
+	return &Queue{rdb: rdb, cfg: cfg, locks: locks, consumer: token.New(), block: longestBlock(rdb),
 		ran: make(chan struct{}), listenDone: make(chan struct{}),
 		owned: make([]chan struct{}, cfg.Partitions), counters: make([]queuecore.Counters, cfg.Partitions)}, nil
 }
@@ -299,12 +305,18 @@ var _ queue.Backend = (*Queue)(nil)
 func (q *Queue) stream(p int) string { return q.cfg.Prefix + "{" + strconv.Itoa(p) + "}" }
 
 // Partition returns key's partition: the same FNV-1a 64 mapping as package
-// queue.
-func (q *Queue) Partition(key string) int { return queue.PartitionOf(key, q.cfg.Partitions) }
+// queue's [queue.Queue.Partition], so the two agree for one Partitions.
+func (q *Queue) Partition(key string) int { return queuecore.PartitionOf(key, q.cfg.Partitions) }
 
 // Enqueue adds a job for key to its partition's stream and returns once Redis
-// has it.
+// has it. After Close it returns [contend.ErrClosed].
 func (q *Queue) Enqueue(ctx context.Context, key string, payload []byte) error {
+	q.mu.Lock()
+	closed := q.closed
+	q.mu.Unlock()
+	if closed {
+		return contend.ErrClosed
+	}
 	_, err := q.add(ctx, key, payload, "")
 	return err
 }
@@ -317,7 +329,7 @@ func (q *Queue) add(ctx context.Context, key string, payload []byte, reply strin
 	if reply != "" {
 		values = append(values, "reply", q.replies(), "request", reply)
 	}
-	id, err := q.cfg.Redis.XAdd(ctx, &redis.XAddArgs{Stream: q.stream(q.Partition(key)), Values: values}).Result()
+	id, err := q.rdb.XAdd(ctx, &redis.XAddArgs{Stream: q.stream(q.Partition(key)), Values: values}).Result()
 	if err != nil {
 		return "", fmt.Errorf("redisq: add job for %s: %w", key, err)
 	}
@@ -391,7 +403,7 @@ func (q *Queue) listen(ctx context.Context) {
 	for ctx.Err() == nil {
 		// A second is the shortest block go-redis sends; it bounds how long
 		// Close waits for the listener.
-		res, err := q.cfg.Redis.BLPop(ctx, time.Second, q.replies()).Result()
+		res, err := q.rdb.BLPop(ctx, time.Second, q.replies()).Result()
 		if err != nil {
 			if !errors.Is(err, redis.Nil) && ctx.Err() == nil {
 				// Redis is failing: do not spin on it.
@@ -511,7 +523,7 @@ func (q *Queue) instances() string { return q.cfg.Prefix + "instances" }
 // back per round while it holds more, so that a joining instance gets work
 // and a leaving one's partitions spread over the others.
 func (q *Queue) balance(ctx context.Context, wg *sync.WaitGroup, every time.Duration) {
-	live, err := heartbeat.Run(ctx, q.cfg.Redis, []string{q.instances()}, q.consumer, (3 * every).Milliseconds()).Int()
+	live, err := heartbeat.Run(ctx, q.rdb, []string{q.instances()}, q.consumer, (3 * every).Milliseconds()).Int()
 	if err != nil || live < 1 {
 		live = 1 // Redis is failing: keep what we hold, the leases decide
 	}
@@ -562,7 +574,7 @@ func (q *Queue) balance(ctx context.Context, wg *sync.WaitGroup, every time.Dura
 func (q *Queue) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	q.cfg.Redis.ZRem(ctx, q.instances(), q.consumer)
+	q.rdb.ZRem(ctx, q.instances(), q.consumer)
 }
 
 // Owned returns the partitions this instance consumes now.
@@ -592,7 +604,9 @@ func isClosed(c <-chan struct{}) bool {
 // then it returns an error matching ctx's, and what still runs (a handler
 // that does not heed its ctx, a Redis call the client has not given up on
 // yet) stops by itself, Run returning after it. Close works before Run and
-// is idempotent; a later call waits again.
+// is idempotent; a later call waits again. Once Close was called, Submit,
+// Enqueue and Run return [contend.ErrClosed], and a Submit still waiting
+// returns it too; Stats and the dead-letter methods still work.
 func (q *Queue) Close(ctx context.Context) error {
 	q.mu.Lock()
 	q.closed = true
@@ -632,11 +646,11 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 		_ = l.Release(rctx)
 		// This instance's consumer goes when it has nothing pending; else
 		// the next owner deletes it once it has claimed its entries.
-		_ = dropConsumer.Run(rctx, q.cfg.Redis, []string{stream}, group, q.consumer).Err()
+		_ = dropConsumer.Run(rctx, q.rdb, []string{stream}, group, q.consumer).Err()
 	}()
 	hctx := context.WithValue(held, fenceKey{}, l.Fence())
 	on := func() bool { return hctx.Err() == nil && !isClosed(quit) }
-	if err := q.cfg.Redis.XGroupCreateMkStream(hctx, stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+	if err := q.rdb.XGroupCreateMkStream(hctx, stream, group, "0").Err(); err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
 		return
 	}
 	// First the entries an earlier owner read and never acknowledged, in
@@ -686,7 +700,7 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 // them, in order. The count is asked in the read's round trip, after the
 // read on its connection, so that no read between the two goes unseen.
 func (q *Queue) read(ctx context.Context, stream string, block time.Duration) (ds []delivery, stale bool, err error) {
-	pipe := q.cfg.Redis.Pipeline()
+	pipe := q.rdb.Pipeline()
 	read := pipe.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: group, Consumer: q.consumer, Streams: []string{stream, ">"},
 		Count: int64(q.cfg.MaxBatch), Block: block,
@@ -720,7 +734,7 @@ func (q *Queue) read(ctx context.Context, stream string, block time.Duration) (d
 // nothing pending. It reports false as process does.
 func (q *Queue) reclaim(ctx context.Context, p int, stream string, on func() bool) bool {
 	for cursor := "0-0"; on(); {
-		msgs, next, err := q.cfg.Redis.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+		msgs, next, err := q.rdb.XAutoClaim(ctx, &redis.XAutoClaimArgs{
 			Stream: stream, Group: group, Consumer: q.consumer, Start: cursor, Count: int64(q.cfg.MaxBatch),
 		}).Result()
 		if err != nil {
@@ -753,13 +767,13 @@ return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 // not (an owner that reads again comes back by itself). Each instance's
 // start names a new consumer, and nothing else would delete it.
 func (q *Queue) pruneConsumers(ctx context.Context, stream string) error {
-	consumers, err := q.cfg.Redis.XInfoConsumers(ctx, stream, group).Result()
+	consumers, err := q.rdb.XInfoConsumers(ctx, stream, group).Result()
 	if err != nil {
 		return err
 	}
 	for _, c := range consumers {
 		if c.Pending == 0 && c.Name != q.consumer {
-			if err := dropConsumer.Run(ctx, q.cfg.Redis, []string{stream}, group, c.Name).Err(); err != nil {
+			if err := dropConsumer.Run(ctx, q.rdb, []string{stream}, group, c.Name).Err(); err != nil {
 				return err
 			}
 		}
@@ -780,7 +794,7 @@ func (q *Queue) claimed(ctx context.Context, stream string, msgs []redis.XMessag
 	if len(msgs) == 0 {
 		return nil, nil
 	}
-	pending, err := q.cfg.Redis.XPendingExt(ctx, &redis.XPendingExtArgs{
+	pending, err := q.rdb.XPendingExt(ctx, &redis.XPendingExtArgs{
 		Stream: stream, Group: group, Consumer: q.consumer,
 		Start: msgs[0].ID, End: msgs[len(msgs)-1].ID, Count: int64(len(msgs)),
 	}).Result()
@@ -891,7 +905,7 @@ func (q *Queue) again(ctx context.Context, p int, ds []delivery, on func() bool)
 	if q.cfg.Retry.Wait(ctx, latest) != nil || !on() {
 		return false
 	}
-	err := q.cfg.Redis.XClaim(ctx, &redis.XClaimArgs{
+	err := q.rdb.XClaim(ctx, &redis.XClaimArgs{
 		Stream: q.stream(p), Group: group, Consumer: q.consumer, Messages: ids,
 	}).Err()
 	if err != nil {
@@ -939,8 +953,8 @@ func (q *Queue) report(ctx context.Context, kind contend.EventKind, job queue.Jo
 func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queue.Result, err error) bool {
 	args := make([]any, 1, 1+len(ds)) // ack's: the group, then the ids
 	args[0] = group
-	dead := q.cfg.Redis.Pipeline()
-	replies := q.cfg.Redis.Pipeline()
+	dead := q.rdb.Pipeline()
+	replies := q.rdb.Pipeline()
 	for i, d := range ds {
 		args = append(args, d.msg.ID)
 		r := queue.Result{Err: err}
@@ -966,7 +980,7 @@ func (q *Queue) finish(ctx context.Context, p int, ds []delivery, results []queu
 			return false
 		}
 	}
-	return ack.Run(ctx, q.cfg.Redis, []string{q.stream(p)}, args...).Err() == nil
+	return ack.Run(ctx, q.rdb, []string{q.stream(p)}, args...).Err() == nil
 }
 
 // ack acknowledges entries ARGV[2], ARGV[3], ... of group ARGV[1] of stream

@@ -32,14 +32,14 @@ var fast = contend.Retry{MaxAttempts: 3, BaseDelay: time.Microsecond, MaxDelay: 
 // it until t ends.
 func instance(t testing.TB, client redis.UniversalClient, prefix string, cfg redisq.Config) *redisq.Queue {
 	t.Helper()
-	cfg.Redis, cfg.Prefix = client, prefix
+	cfg.Prefix = prefix
 	if cfg.Partitions == 0 {
 		cfg.Partitions = 4
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = time.Second
 	}
-	q, err := redisq.New(cfg)
+	q, err := redisq.New(client, cfg)
 	require.NoError(t, err)
 	ran := make(chan error, 1)
 	if cfg.Handler != nil || cfg.BatchHandler != nil {
@@ -61,19 +61,29 @@ func instance(t testing.TB, client redis.UniversalClient, prefix string, cfg red
 func TestNewRejectsBadConfig(t *testing.T) {
 	t.Parallel()
 	client, _ := testserver.Redis(t)
-	for name, cfg := range map[string]redisq.Config{
-		"nil redis":       {Partitions: 1},
-		"zero partitions": {Redis: client},
-		"negative ttl":    {Redis: client, Partitions: 1, LeaseTTL: -1},
+	var nilClient *redis.Client
+	for name, c := range map[string]struct {
+		rdb redis.UniversalClient
+		cfg redisq.Config
+	}{
+		"nil redis":       {nil, redisq.Config{Partitions: 1}},
+		"nil *Client":     {nilClient, redisq.Config{Partitions: 1}},
+		"zero partitions": {client, redisq.Config{}},
+		"negative ttl":    {client, redisq.Config{Partitions: 1, LeaseTTL: -1}},
 	} {
-		_, err := redisq.New(cfg)
+		_, err := redisq.New(c.rdb, c.cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
 	}
-	q, err := redisq.New(redisq.Config{Redis: client, Partitions: 1})
+	q, err := redisq.New(client, redisq.Config{Partitions: 1})
 	require.NoError(t, err, "a producer needs no handler")
 	require.ErrorIs(t, q.Run(t.Context()), contend.ErrInvalid, "a consumer does")
 	require.ErrorIs(t, q.Enqueue(t.Context(), "", nil), contend.ErrInvalid)
 	require.NoError(t, q.Close(t.Context()))
+	require.ErrorIs(t, q.Enqueue(t.Context(), "k", nil), contend.ErrClosed, "a closed queue takes no jobs")
+	_, err = q.Submit(t.Context(), "k", nil)
+	require.ErrorIs(t, err, contend.ErrClosed)
+	_, err = q.Stats(t.Context())
+	require.NoError(t, err)
 }
 
 func testSubmit(t *testing.T, client redis.UniversalClient, prefix string) {
@@ -272,7 +282,8 @@ func testTakeover(t *testing.T, client redis.UniversalClient, prefix string) {
 				waited := time.Since(died)
 				t.Logf("taken over %v after the owner died", waited)
 				require.GreaterOrEqual(t, waited, ttl-50*time.Millisecond, "ran while the dead owner's lease was valid")
-				require.Less(t, waited, 3*ttl, "took more than about one lease to take over")
+				// A second of slack for a loaded machine, as the kill test allows.
+				require.Less(t, waited, 3*ttl+time.Second, "took more than about one lease to take over")
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatalf("job %d was not redelivered", i)
@@ -325,7 +336,7 @@ func TestCloseReturnsByDeadline(t *testing.T) {
 	t.Parallel()
 	client, prefix := testserver.Redis(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	q, err := redisq.New(redisq.Config{Redis: client, Prefix: prefix, Partitions: 1, Handler: func(context.Context, queue.Job) ([]byte, error) {
+	q, err := redisq.New(client, redisq.Config{Prefix: prefix, Partitions: 1, Handler: func(context.Context, queue.Job) ([]byte, error) {
 		close(entered)
 		<-release // ignores its ctx
 		return nil, nil

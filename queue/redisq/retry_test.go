@@ -270,7 +270,9 @@ func TestSubmitWithoutAnswerIsAConflict(t *testing.T) {
 	client, prefix := testserver.Redis(t)
 	var seen events
 	producer := instance(t, client, prefix, redisq.Config{Partitions: 1, Observer: &seen}) // nobody consumes
-	const wait = 50 * time.Millisecond
+	// Long enough that the XADD, slow on a loaded machine, is in before ctx
+	// ends: a ctx that ends during it is a failed add, not a wait given up.
+	const wait = time.Second
 	ctx, cancel := context.WithTimeout(t.Context(), wait)
 	defer cancel()
 	_, err := producer.Submit(ctx, "k", []byte("x"))

@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/contend/contend/internal/queuecore"
 	"github.com/contend/contend/queue"
 )
 
@@ -13,7 +14,8 @@ import (
 // did and of what the streams hold.
 //
 // InFlight, Handled, Redeliveries and DeadLetters count this instance's work
-// only, since it was made: sum them over the instances for the whole queue.
+// only, since it was made: sum them over the instances for the whole queue
+// (Depth, the same for every instance, is not summed).
 // A redelivery is a delivery whose stream count is above one, so it includes
 // the first delivery of a job by an owner that took it over. Depth is global,
 // read from Redis, the same whichever instance asks: the entries of the
@@ -26,7 +28,7 @@ func (q *Queue) Stats(ctx context.Context) (queue.Stats, error) {
 	n := q.cfg.Partitions
 	lens := make([]*redis.IntCmd, n)
 	groups := make([]*redis.XInfoGroupsCmd, n)
-	pipe := q.cfg.Redis.Pipeline()
+	pipe := q.rdb.Pipeline()
 	for p := range n {
 		lens[p] = pipe.XLen(ctx, q.stream(p))
 		groups[p] = pipe.XInfoGroups(ctx, q.stream(p))
@@ -34,6 +36,7 @@ func (q *Queue) Stats(ctx context.Context) (queue.Stats, error) {
 	// XINFO GROUPS fails on a stream not made yet; its XLEN, 0, is right.
 	_, _ = pipe.Exec(ctx)
 	s := queue.Stats{Partitions: make([]queue.PartitionStats, n)}
+	var sum queuecore.Figures
 	for p := range n {
 		length, err := lens[p].Result()
 		if err != nil {
@@ -45,16 +48,10 @@ func (q *Queue) Stats(ctx context.Context) (queue.Stats, error) {
 				depth = g.Lag + g.Pending
 			}
 		}
-		c := &q.counters[p]
-		ps := queue.PartitionStats{
-			Depth:        int(depth),
-			InFlight:     c.InFlight.Load(),
-			Handled:      c.Handled.Load(),
-			Redeliveries: c.Redeliveries.Load(),
-			DeadLetters:  c.DeadLetters.Load(),
-		}
-		s.Partitions[p] = ps
-		s.PartitionStats.Add(ps)
+		f := q.counters[p].Snapshot(int(depth))
+		s.Partitions[p] = queue.PartitionStats(f)
+		sum.Add(f)
 	}
+	s.PartitionStats = queue.PartitionStats(sum)
 	return s, nil
 }
