@@ -134,13 +134,19 @@ func (s *Store) build(n names) {
 	s.fencedSQL = fmt.Sprintf("%s AND %s = %s AND %s = %d", s.recordSQL, n.fence, p(5), n.state, stateInFlight)
 	s.releaseSQL = fmt.Sprintf("DELETE FROM %s WHERE %s = %s AND %s = %s AND %s = %d",
 		n.table, n.key, p(1), n.fence, p(2), n.state, stateInFlight)
+	// A batch reads the expiry index from its start: the time it compares
+	// with is the statement's (now(), NOW(6)), which the planner can use
+	// on the index; clock_timestamp(), volatile, would make every batch
+	// scan the table past the dead rows of the batches before it.
 	if s.dialect == sqldb.MySQL {
-		s.expireSQL = fmt.Sprintf("DELETE FROM %s WHERE %s <= %s LIMIT ?", n.table, n.expires, now)
+		s.expireSQL = fmt.Sprintf("DELETE FROM %s WHERE %s <= NOW(6) ORDER BY %s LIMIT ?", n.table, n.expires, n.expires)
 	} else {
 		// SKIP LOCKED: a batch never waits for a call that is taking an
 		// expired key over.
-		s.expireSQL = fmt.Sprintf("DELETE FROM %s WHERE %s IN (SELECT %s FROM %s WHERE %s <= %s LIMIT $1 FOR UPDATE SKIP LOCKED)",
-			n.table, n.key, n.key, n.table, n.expires, now)
+		// = ANY(ARRAY(...)): the rows are found by their key, where IN
+		// would hash-join a scan of the whole table.
+		s.expireSQL = fmt.Sprintf("DELETE FROM %s WHERE %s = ANY(ARRAY(SELECT %s FROM %s WHERE %s <= now() ORDER BY %s LIMIT $1 FOR UPDATE SKIP LOCKED))",
+			n.table, n.key, n.key, n.table, n.expires, n.expires)
 	}
 }
 
