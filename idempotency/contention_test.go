@@ -12,6 +12,7 @@ import (
 	"github.com/contend/contend"
 	"github.com/contend/contend/idempotency"
 	"github.com/contend/contend/internal/harness"
+	"github.com/contend/contend/internal/testserver"
 )
 
 // storm is 3 processes of 32 goroutines each, every goroutine calling every
@@ -100,6 +101,49 @@ func TestStormOneEffectPerKey(t *testing.T) {
 			for _, key := range stormKeys {
 				require.Equal(t, 1, e.effects(t, key), "effects of %s", key)
 				require.Equal(t, 1, e.records(t, key), "records of %s", key)
+			}
+		})
+	}
+}
+
+// DoExternal under the same storm, its effect outside any transaction (a
+// write in autocommit, as a call to another service would be): with no call
+// stalling past its lease, every key still has exactly one effect, and
+// every caller the one answer or ErrMismatch.
+func TestStormExternalOneEffectPerKey(t *testing.T) {
+	for _, driver := range []string{"pgx", testserver.MariaDBDriver} {
+		t.Run(driver, func(t *testing.T) {
+			res, e := stormUnder(t, driver, func(t testing.TB, e *env) harness.Op {
+				s := e.store(t, idempotency.Config{})
+				return func(ctx context.Context, key string) error {
+					fp := fingerprint()
+					answer, _, err := s.DoExternal(ctx, key, fp, func(ctx context.Context, _ int64) ([]byte, error) {
+						answer := fmt.Sprintf("%s/%s/%d", key, fp, rand.Int64())
+						_, err := e.own.ExecContext(ctx, e.q(`INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`), key, fp, answer)
+						return []byte(answer), err
+					})
+					if errors.Is(err, idempotency.ErrMismatch) {
+						// Refused while the key's call may still be in
+						// flight, its effect not made yet: the record
+						// that refused it is committed, and names the
+						// other request.
+						var recFP string
+						if qerr := e.own.GetContext(ctx, &recFP, e.q(`SELECT fingerprint FROM idem WHERE id = $1`), key); qerr != nil {
+							return qerr
+						}
+						if recFP == fp {
+							return fmt.Errorf("%s: mismatch for the fingerprint that holds the key", key)
+						}
+						return errMismatchSeen
+					}
+					return check(ctx, e, key, fp, answer, err)
+				}
+			})
+			t.Logf("%s: %d calls: %d answered, %d mismatches, %d errors; p50 %v, p99 %v", driver,
+				res.Total(), res.Successes, res.Conflicts, res.Errors, res.Percentile(.5), res.Percentile(.99))
+			require.Zero(t, res.Errors, "%v", res.FirstErrors)
+			for _, key := range stormKeys {
+				require.Equal(t, 1, e.effects(t, key), "effects of %s", key)
 			}
 		})
 	}
