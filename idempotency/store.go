@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	stdatomic "sync/atomic"
 	"time"
 
 	"github.com/contend/contend"
@@ -19,9 +21,15 @@ const (
 	stateFailed   = 2 // a final error's message is stored
 )
 
-// savepoint is set before fn runs, so that a final error rolls back fn's
-// writes and keeps the key's record.
-const savepoint = "contend_idempotency"
+// savepoints names the savepoint each call sets before fn runs, so that a
+// final error rolls back fn's writes and keeps the key's record: a name of
+// its own per call, since MySQL replaces a savepoint by a later one of the
+// same name, which a Do nested in fn's transaction would set.
+var savepoints stdatomic.Uint64
+
+func savepointName() string {
+	return "contend_idempotency_" + strconv.FormatUint(savepoints.Add(1), 10)
+}
 
 // A Store runs a function once per key and remembers its answer, so that a
 // retried request (a client that timed out, a double click, a job delivered
@@ -407,6 +415,7 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 			return errNotTaken
 		}
 		rep.obtained(ctx, 0)
+		savepoint := savepointName()
 		if _, err := exec(ctx, tx, "SAVEPOINT "+savepoint); err != nil {
 			return err
 		}

@@ -178,3 +178,26 @@ func TestNewRefusesBadInput(t *testing.T) {
 	_, _, err = s.Do(t.Context(), "k", "fp", nil)
 	require.ErrorIs(t, err, contend.ErrInvalid)
 }
+
+// A Do nested in another's fn joins its transaction; a final error of the
+// outer fn rolls back everything the outer fn did, the inner Do included.
+func TestNestedDoRollsBackWithTheOuterFinalError(t *testing.T) {
+	forDrivers(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		s := e.store(t, idempotency.Config{})
+		_, _, err := s.Do(ctx, "outer", "fp", func(ctx context.Context) ([]byte, error) {
+			if _, err := e.writeEffect(ctx, "outer", "fp"); err != nil {
+				return nil, err
+			}
+			if _, _, err := s.Do(ctx, "inner", "fp", e.effect("inner", "fp")); err != nil {
+				return nil, err
+			}
+			return nil, errors.New("out of stock")
+		})
+		require.ErrorIs(t, err, idempotency.ErrFailed)
+		require.Zero(t, e.effects(t, "outer"))
+		require.Zero(t, e.effects(t, "inner"))
+		require.Zero(t, e.records(t, "inner"), "the inner record rolled back with the outer fn")
+		require.Equal(t, 1, e.records(t, "outer"), "the outer final error is stored")
+	})
+}
