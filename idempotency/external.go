@@ -51,6 +51,9 @@ const (
 // [Config.FinishTimeout], so that an effect that happened is not left
 // unrecorded for want of a ctx.
 //
+// A panic in fn propagates and, like a crash, leaves the key taken until
+// its lease ends.
+//
 // DoExternal commits transactions of its own: db must be a pool, and ctx
 // must not carry a transaction; both give an error matching
 // [contend.ErrInvalid].
