@@ -96,7 +96,7 @@ const (
 // What each strategy reports:
 //
 //	distlock     Obtained (Wait, Attempts, Fence) when a lock is obtained;
-//	             Conflict when one attempt (TryObtain, Do with FailFast) finds
+//	             Conflict when one attempt (TryObtain, Do with NoWait) finds
 //	             the key held; GaveUp when a wait ends with ctx, MaxWait or
 //	             Close; Failed when a refresh does not reach Redis (the lock
 //	             may still be held) or a release fails; Released (Hold) when

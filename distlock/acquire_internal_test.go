@@ -21,7 +21,7 @@ func TestAttemptThatFindsItsGrantLeavesTheQueue(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close(t.Context())) })
 	ctx := t.Context()
-	keys, tok := c.keys("job"), token.New()
+	keys, tok := c.keys("job", new([4]string)), token.New()
 	// What an attempt of tok's left behind, and then a pass to tok.
 	// The entry's format is queue.lua's waiter_entry: deadline_ms grant_ms ttl_ms channel.
 	entry := fmt.Sprintf("%d 1000 60000 %s", time.Now().Add(time.Minute).UnixMilli(), c.channel)
@@ -30,7 +30,7 @@ func TestAttemptThatFindsItsGrantLeavesTheQueue(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, keys[0], tok, time.Minute).Err())
 	require.NoError(t, rdb.Set(ctx, keys[1], 41, 0).Err())
 
-	l, err := c.attempt(ctx, "job", keys, &waiter{tok: tok, ttl: time.Minute}, true)
+	l, err := c.attempt(ctx, "job", keys, &waiter{tok: tok, ttl: time.Minute})
 	require.NoError(t, err)
 	require.NotNil(t, l, "the attempt did not find its grant")
 	require.Equal(t, int64(41), l.Fence())

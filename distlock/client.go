@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +52,7 @@ type RedisClient interface {
 // A Client is safe for simultaneous use by multiple goroutines. Use one per
 // process: every Client holds one subscription.
 type Client struct {
+	base
 	rdb     RedisClient
 	cfg     Config
 	channel string // where releases tell this client's waiters to look
@@ -60,10 +60,8 @@ type Client struct {
 	local [localShards]keyShard // what this client knows of its keys: see line.go
 	seed  maphash.Seed
 	calls *scriptbatch.Sender
-	holds keepalive.Timers
-	clock releaseClock
 	// cleanups counts the leaves under way that no caller waits for.
-	cleanups group
+	cleanups keepalive.Group
 
 	mu      sync.Mutex                 // protects the fields below
 	waiters map[string]*waiter         // by token: whom a release's message wakes, no more
@@ -86,6 +84,7 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	return &Client{
+		base:    base{drift: defaultDriftFactor, observer: cfg.Observer},
 		rdb:     rdb,
 		cfg:     cfg,
 		channel: cfg.Prefix + "grants:" + token.New(),
@@ -98,29 +97,16 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 
 // keys returns the lock, fence, queue and waiter keys of key. They share the
 // hash tag {key}, so a Cluster keeps them on one slot and one script can
-// touch them all. They are cut from one string: one allocation, not four.
-func (c *Client) keys(key string) []string {
-	base := len(c.cfg.Prefix) + len(key) + 2
-	var b strings.Builder
-	b.Grow(3*base + len(":fence:queue:waiters"))
-	for _, suffix := range []string{":fence", ":queue", ":waiters"} {
-		b.WriteString(c.cfg.Prefix)
-		b.WriteByte('{')
-		b.WriteString(key)
-		b.WriteByte('}')
-		b.WriteString(suffix)
-	}
-	s := b.String()
-	fence := base + len(":fence")
-	queue := fence + base + len(":queue")
-	return []string{s[:base], s[:fence], s[fence:queue], s[queue:]}
-}
-
-// run runs script on keys, with the Redis calls of the client's other
-// goroutines when they come together; it returns when ctx ends, if that
-// comes first (see package scriptbatch).
-func (c *Client) run(ctx context.Context, script *redis.Script, keys []string, argv []any) *redis.Cmd {
-	return c.calls.Run(ctx, script, keys, argv...)
+// touch them all. They are cut from one string: one allocation, not four,
+// and kept in into.
+func (c *Client) keys(key string, into *[4]string) []string {
+	p := c.cfg.Prefix
+	s := p + "{" + key + "}:fence" + p + "{" + key + "}:queue" + p + "{" + key + "}:waiters" // one concatenation
+	lock := len(p) + len(key) + 2
+	fence := lock + len(":fence")
+	queue := fence + lock + len(":queue")
+	*into = [4]string{s[:lock], s[:fence], s[fence:queue], s[queue:]}
+	return into[:]
 }
 
 // TryObtain makes one attempt to lock key for ttl. It returns an error
@@ -142,7 +128,7 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lo
 	return c.obtain(ctx, key, ttl, true)
 }
 
-// Do locks key for Config.TTL (waiting for it, unless Config.FailFast),
+// Do locks key for Config.TTL (waiting for it, unless Config.NoWait),
 // runs fn, and releases the lock, also when fn fails or panics (the panic
 // is re-raised). While fn runs, the lock is refreshed every TTL/3; when a
 // refresh finds it gone, or its validity passes without a successful
@@ -152,17 +138,10 @@ func (c *Client) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lo
 // with [FromContext].
 //
 // Do returns fn's error unchanged, an error matching [contend.ErrConflict]
-// when the key was held (at once with FailFast, else when the wait ended),
+// when the key was held (at once with NoWait, else when the wait ended),
 // ctx's error, or a Redis error.
 func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
-	}
-	l, err := c.obtain(ctx, key, c.cfg.TTL, !c.cfg.FailFast)
-	if err != nil {
-		return err
-	}
-	return run(ctx, l, fn)
+	return do(ctx, key, fn, func() (*Lock, error) { return c.obtain(ctx, key, c.cfg.TTL, !c.cfg.NoWait) })
 }
 
 // Close stops the client's subscription and waits, until ctx ends, for its
@@ -173,12 +152,8 @@ func (c *Client) Do(ctx context.Context, key string, fn func(ctx context.Context
 // client that never subscribed. It does not close the Redis client.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
-	if !c.closed.Load() {
-		c.closed.Store(true)
+	if !c.closed.Swap(true) {
 		close(c.closing)
-		if s := c.sub.Load(); s != nil {
-			close(s.stop)
-		}
 	}
 	s := c.sub.Load()
 	var ps *redis.PubSub
@@ -197,32 +172,26 @@ func (c *Client) Close(ctx context.Context) error {
 			return fmt.Errorf("distlock: close: %w", context.Cause(ctx))
 		}
 	}
-	if err := errors.Join(c.cleanups.wait(ctx), c.calls.Close(ctx), c.holds.Wait(ctx)); err != nil {
+	cleanups := c.cleanups.Wait(ctx)
+	if cleanups != nil {
+		cleanups = fmt.Errorf("clean-ups still under way: %w", cleanups)
+	}
+	if err := errors.Join(cleanups, c.calls.Close(ctx), c.holds.Wait(ctx)); err != nil {
 		return fmt.Errorf("distlock: close: %w", err)
 	}
 	return nil
 }
 
-func (c *Client) observer() contend.Observer { return c.cfg.Observer }
-
-func (c *Client) isClosed() bool { return c.closed.Load() }
-
 func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
-	if err := checkKey("obtain", key); err != nil {
+	ttl, err := checkObtain(ctx, key, ttl)
+	if err != nil {
 		return nil, err
 	}
-	if err := checkTTL("ttl", ttl); err != nil {
-		return nil, err
-	}
-	ttl = ttl.Truncate(time.Millisecond)
-	if c.isClosed() {
+	if c.closed.Load() {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrClosed)
 	}
-	if err := ctxerr.Of(ctx); err != nil {
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
-	}
-	keys := c.keys(key)
 	w := &waiter{tok: token.New(), ttl: ttl}
+	keys := c.keys(key, &w.keys)
 	if wait {
 		// Behind this client's head for the key, the waiter defers; else it
 		// becomes the head, and on a key that made this client's last waiter
@@ -245,7 +214,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		return nil, c.takeFailed(ctx, key, keys, w, wait, err)
 	case l == nil:
 		err := fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
-		reportMiss(ctx, c.cfg.Observer, contend.EventConflict, key, time.Time{}, 1, err)
+		reportMiss(ctx, c.observer, contend.EventConflict, key, time.Time{}, 1, err)
 		return nil, err
 	}
 	c.onLine(key, func(ln *line) { ln.obtained(w, l.ValidUntil(), false) })
@@ -264,7 +233,7 @@ func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *w
 		// Obtain's ctx ended before it had the lock: a wait cut short,
 		// whether or not it had begun.
 		err := fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
-		reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, time.Time{}, 1, err)
+		reportMiss(ctx, c.observer, contend.EventGaveUp, key, time.Time{}, 1, err)
 		return err
 	}
 	return fmt.Errorf("distlock: obtain %q: %w", key, err)
@@ -280,50 +249,38 @@ func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *w
 // the one place a newcomer can go first. The lock is then marked, so that
 // the newcomer's release serves the waiters.
 func (c *Client) take(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
-	began := time.Now()
-	tok, ttl := w.tok, w.ttl
-	cmd, ended := c.calls.Start(ctx, takeScript, keys[:3], takeArgs{token: tok, ttl: ttl}.argv()...)
-	w.ended = ended
-	fence, err := cmd.Int64()
-	switch {
-	case err != nil:
-		return nil, err // the caller's clean-up releases what it may have taken
-	case fence == 0:
-		return nil, nil // held
+	l, err := c.try(ctx, key, keys, w, takeScript, keys[:3], leaseArgs(w.tok, w.ttl))
+	if l != nil {
+		l.taken = true
 	}
-	l := newLock(c, key, keys, tok, fence, ttl, c.validity(began, ttl))
-	l.taken = true
-	return l, nil
+	return l, err // on an error, the caller's clean-up releases what it may have taken
 }
 
-// attempt runs the acquire script once, queueing the caller if wait and
-// the key is held. It returns the lock when the caller holds it, nil when
+// attempt runs the acquire script once, queueing the caller if the key is
+// held. It returns the lock when the caller holds it, nil when not.
+func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
+	args := acquireArgs(w.tok, w.ttl, c.channel, c.waiterLease(), c.grantLease(w.ttl))
+	return c.try(ctx, key, keys, w, acquireScript, keys, args)
+}
+
+// try runs script, on scriptKeys of keys, for w, whose last call it is: a
+// script that answers with w's fencing token when w holds the lock, 0 when
 // not.
-func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter, wait bool) (*Lock, error) {
+func (c *Client) try(ctx context.Context, key string, keys []string, w *waiter, script *redis.Script, scriptKeys []string, args []any) (*Lock, error) {
 	began := time.Now()
-	tok, ttl := w.tok, w.ttl
-	cmd, ended := c.calls.Start(ctx, acquireScript, keys, acquireArgs{
-		token: tok, ttl: ttl, wait: wait, channel: c.channel,
-		waiterLease: c.waiterLease(), grantLease: c.grantLease(ttl),
-	}.argv()...)
+	cmd, ended := c.calls.Start(ctx, script, scriptKeys, args...)
 	w.ended = ended
-	res, err := cmd.Int64Slice()
-	if err != nil {
+	fence, err := cmd.Int64()
+	if err != nil || fence == 0 {
 		return nil, err
 	}
-	if len(res) != 2 {
-		return nil, fmt.Errorf("distlock: unexpected reply %v from the acquire script", res)
-	}
-	if res[0] != 1 {
-		return nil, nil
-	}
-	return newLock(c, key, keys, tok, res[1], ttl, c.validity(began, ttl)), nil
+	return newLock(c, key, keys, w.tok, fence, w.ttl, c.validity(began, w.ttl)), nil
 }
 
 // refresh, release and pttl make the Client a lockOwner.
 
 func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
-	n, err := c.run(ctx, refreshScript, l.keys[:2], refreshArgs{token: l.token, ttl: ttl}.argv()).Int64()
+	n, err := c.calls.Run(ctx, refreshScript, l.keys[:2], leaseArgs(l.token, ttl)...).Int64()
 	return n == 1, err
 }
 
@@ -344,35 +301,26 @@ func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 	}
 	along, inTurn := c.takeAlong(l.key, l.token)
 	if l.taken && along == nil {
-		n, err := c.run(ctx, freeScript, l.keys[:2], freeArgs{token: l.token, fence: l.fence}.argv()).Int64()
+		n, err := c.calls.Run(ctx, freeScript, l.keys[:2], l.token, l.fence).Int64()
 		if err != nil || n != replyQueued {
 			c.endRelease(ctx, l.key, l.keys, l.token, nil, outcome{lost: err != nil}, nil)
 			return gone(n), err
 		}
 	}
-	reply, err := c.runRelease(ctx, l.key, l.keys, releaseArgs{token: l.token, fence: l.fence}, along, inTurn)
+	reply, err := c.runRelease(ctx, l.key, l.keys, l.token, l.fence, along, inTurn)
 	return gone(reply), err
 }
 
 func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
-	n, err := c.run(ctx, pttlScript, l.keys[:1], []any{l.token}).Int64()
+	n, err := c.calls.Run(ctx, pttlScript, l.keys[:1], l.token).Int64()
 	if err != nil || n == -3 {
 		return 0, false, err
 	}
 	return time.Duration(max(n, 0)) * time.Millisecond, true, nil
 }
 
-// margin allows for this process's clock running slower than Redis's: a
-// lease that Redis ends after ttl by its clock may have lasted ttl less the
-// margin by this one's (see [Lock.ValidUntil]).
-func (c *Client) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, DefaultDriftFactor) }
-
 // validity is the deadline of a lease of ttl granted by a call that began
 // at began.
 func (c *Client) validity(began time.Time, ttl time.Duration) time.Time {
 	return began.Add(ttl - c.margin(ttl))
 }
-
-func (c *Client) holdTimers() *keepalive.Timers { return &c.holds }
-
-func (c *Client) releaseContext(ctx context.Context) context.Context { return c.clock.context(ctx) }

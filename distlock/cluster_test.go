@@ -78,13 +78,13 @@ func TestClusterFailoverWhileHeld(t *testing.T) {
 
 	// Two keys on one master, so that one crash takes both; a failover
 	// needs a majority of the masters alive to agree.
-	master, err := cl.Client.MasterForKey(ctx, lockKey(distlock.DefaultPrefix, "long"))
+	master, err := cl.Client.MasterForKey(ctx, lockKey("distlock:", "long"))
 	require.NoError(t, err)
 	addr := master.Options().Addr
 	shortKey := ""
 	for i := 0; shortKey == ""; i++ {
 		key := fmt.Sprintf("short%d", i)
-		m, err := cl.Client.MasterForKey(ctx, lockKey(distlock.DefaultPrefix, key))
+		m, err := cl.Client.MasterForKey(ctx, lockKey("distlock:", key))
 		require.NoError(t, err)
 		if m.Options().Addr == addr {
 			shortKey = key

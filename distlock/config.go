@@ -15,26 +15,27 @@ import (
 type Config struct {
 	// Prefix is put before every key and channel the client makes, so that
 	// locks of different applications sharing a Redis cannot collide.
-	// Default: "distlock:".
+	// Zero means "distlock:".
 	Prefix string
 	// TTL is the lease of a lock that [Client.Do] takes; Do refreshes it
 	// every TTL/3 while fn runs. A holder that crashes blocks the key for at
 	// most this long. Redis counts in milliseconds: it is truncated to one.
-	// Default: 10s; at least [MinTTL].
+	// Zero means 10s; at least [MinTTL].
 	TTL time.Duration
-	// FailFast makes [Client.Do] give up at once, with an error matching
+	// NoWait makes [Client.Do] give up at once, with an error matching
 	// [contend.ErrConflict], when the key is held, as a cron job that only
-	// one instance must run wants. Default: false, Do waits for the lock.
-	FailFast bool
+	// one instance must run wants. False (the default): Do waits for the
+	// lock.
+	NoWait bool
 	// MaxWait bounds every wait for a held key (Obtain, and Do without
-	// FailFast) when ctx allows longer, so that a stuck holder cannot make
-	// callers without a deadline wait forever. Default: 30s.
+	// NoWait) when ctx allows longer, so that a stuck holder cannot make
+	// callers without a deadline wait forever. Zero means 30s.
 	MaxWait time.Duration
 	// Recheck is how often a waiter checks the lock by itself, in case the
 	// message that tells it its turn came was lost (a dropped subscription)
 	// or the holder died without releasing. It also renews the waiter's place
 	// in the queue, which lapses after three Rechecks without one (the
-	// waiter's process died). Default: 500ms.
+	// waiter's process died). Zero means 500ms; at least 1ms.
 	Recheck time.Duration
 	// GrantLease is how long another process's release reserves the lock
 	// for one of this client's waiters, until the waiter's next attempt,
@@ -42,29 +43,32 @@ type Config struct {
 	// a hand-over within this client is for the waiter's TTL at once.
 	// It is short so that a waiter whose process died blocks the key only
 	// briefly; longer than Recheck so that a waiter whose message was lost
-	// finds the reservation still there when it checks. Default: 2 ×
-	// Recheck, and never more than the waiter's TTL.
+	// finds the reservation still there when it checks. Zero means 2 ×
+	// Recheck; at least 1ms, and never more than the waiter's TTL.
 	GrantLease time.Duration
 	// Backoff paces a waiter's checks while the client cannot receive
 	// grants (its subscription is down): jittered exponential backoff,
 	// capped at Recheck. Its MaxAttempts is ignored: waits end with ctx or
-	// MaxWait. Default: contend.Retry's defaults, MaxDelay at most Recheck.
+	// MaxWait. Zero means contend.Retry's defaults; MaxDelay at most Recheck.
 	Backoff contend.Retry
 	// Observer, when set, hears what the client's locks do: obtains with
 	// their wait, attempts and fencing token, keys found held, waits given
 	// up, refreshes and releases that failed, holds released or lost with
 	// how long they lasted ([contend.EventKind] lists when each is
 	// reported). It runs on the caller's or the watchdog's goroutine and
-	// must not block. Default: nil, no events, at no cost.
+	// must not block. Nil (the default): no events, at no cost.
 	Observer contend.Observer
 }
 
-// Defaults of [Config].
+// The defaults of a zero field of [Config] or [QuorumConfig], as their docs
+// state.
 const (
-	DefaultPrefix  = "distlock:"
-	DefaultTTL     = 10 * time.Second
-	DefaultMaxWait = 30 * time.Second
-	DefaultRecheck = 500 * time.Millisecond
+	defaultPrefix      = "distlock:"
+	defaultTTL         = 10 * time.Second
+	defaultMaxWait     = 30 * time.Second
+	defaultRecheck     = 500 * time.Millisecond
+	defaultNodeTimeout = 50 * time.Millisecond
+	defaultDriftFactor = 0.01
 )
 
 // MinTTL is the shortest lease accepted. The watchdog refreshes every TTL/3,
@@ -137,16 +141,15 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, err
 	}
 	if cfg.Recheck == 0 {
-		cfg.Recheck = DefaultRecheck
-	}
-	if cfg.Recheck < time.Millisecond {
-		return cfg, fmt.Errorf("distlock: Config.Recheck %v is below 1ms: %w", cfg.Recheck, contend.ErrInvalid)
+		cfg.Recheck = defaultRecheck
 	}
 	if cfg.GrantLease == 0 {
 		cfg.GrantLease = 2 * cfg.Recheck
 	}
-	if cfg.GrantLease < time.Millisecond {
-		return cfg, fmt.Errorf("distlock: Config.GrantLease %v is below 1ms: %w", cfg.GrantLease, contend.ErrInvalid)
+	for name, d := range map[string]time.Duration{"Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease} {
+		if d < time.Millisecond {
+			return cfg, fmt.Errorf("distlock: Config.%s %v is below 1ms: %w", name, d, contend.ErrInvalid)
+		}
 	}
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > cfg.Recheck {
 		cfg.Backoff.MaxDelay = min(500*time.Millisecond, cfg.Recheck) // contend.Retry's default MaxDelay
@@ -169,19 +172,19 @@ func common(what string, prefix *string, ttl, maxWait *time.Duration, others map
 		}
 	}
 	if *prefix == "" {
-		*prefix = DefaultPrefix
+		*prefix = defaultPrefix
 	}
 	if err := checkPrefix(what+".Prefix", *prefix); err != nil {
 		return err
 	}
 	if *ttl == 0 {
-		*ttl = DefaultTTL
+		*ttl = defaultTTL
 	}
 	if err := checkTTL(what+".TTL", *ttl); err != nil {
 		return err
 	}
 	if *maxWait == 0 {
-		*maxWait = DefaultMaxWait
+		*maxWait = defaultMaxWait
 	}
 	return nil
 }

@@ -61,7 +61,7 @@
 //
 // # Waiting
 //
-// [Client.TryObtain] (and Do with Config.FailFast) answers a held key with
+// [Client.TryObtain] (and Do with Config.NoWait) answers a held key with
 // [contend.ErrConflict] at once. [Client.Obtain] (and Do by default) waits
 // in line: a failed attempt enqueues the waiter in the same script, and the
 // release hands the lock straight to the oldest live waiter, so hot keys are
@@ -105,12 +105,24 @@
 //
 // Every call a Client makes returns when its ctx ends, whatever the network
 // does: [Client.Obtain] and [Client.TryObtain] by their ctx's deadline,
-// [Lock.Release] within 5s, [Client.Close] by its ctx's deadline. go-redis
-// ignores ctx deadlines unless the client was built with
-// ContextTimeoutEnabled, so on such a client a call that may have to be cut
-// short runs on a goroutine of the Client's, which Close waits for; with
-// ContextTimeoutEnabled it runs on the caller's, which costs less. A call
+// [Lock.Release] within 5s, [Client.Close] by its ctx's deadline. A call
 // cut short may still have run: it is treated as one whose reply was lost.
+//
+// go-redis ignores ctx deadlines by default, so a call that may have to be
+// cut short runs on a goroutine of the Client's, which Close waits for,
+// while the caller waits for its reply or its ctx. The fast path skips that
+// hand-over: a call whose ctx has a deadline (a release's always has) runs
+// on the caller's goroutine when the Redis client ends calls by their
+// ctx's deadline itself. That is a *redis.Client (also one from
+// NewFailoverClient or NewUniversalClient) or *redis.Ring built with
+// ContextTimeoutEnabled, its ReadTimeout and WriteTimeout not -2; or a
+// *redis.ClusterClient with ContextTimeoutEnabled and also
+// DisableRoutingPolicies, and not ReadOnly (else go-redis looks up the
+// server's command table on a 5s clock of its own, until that first
+// succeeds). A wrapper of a client, or a ctx that is only cancelled, with
+// no deadline, takes the goroutine: go-redis sees deadlines, not
+// cancellation. Scripts sent together in one pipeline also run on the
+// Client's goroutines, on either kind of client.
 //
 // # Round trips
 //

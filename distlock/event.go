@@ -25,7 +25,7 @@ type holdReport struct {
 // reportObtained reports that l was obtained by a call that began at began
 // and made attempts, and keeps what the report of its hold's end needs.
 func (l *Lock) reportObtained(ctx context.Context, began time.Time, attempts int) {
-	o := l.owner.observer()
+	o := l.base.observer
 	if o == nil {
 		return
 	}
@@ -40,7 +40,7 @@ func (l *Lock) reportObtained(ctx context.Context, began time.Time, attempts int
 // reportHold reports an event of l's hold: its end (released or lost), or
 // a failure (Err) while it lasts.
 func (l *Lock) reportHold(ctx context.Context, kind contend.EventKind, err error) {
-	o := l.owner.observer()
+	o := l.base.observer
 	if o == nil {
 		return
 	}

@@ -19,7 +19,7 @@ func BenchmarkReport(b *testing.B) {
 		observer contend.Observer
 	}{{"observer=none", nil}, {"observer=noop", noop}} {
 		b.Run(bc.name, func(b *testing.B) {
-			c := &Client{cfg: Config{Observer: bc.observer}}
+			c := &Client{base: base{observer: bc.observer}}
 			l := newLock(c, "k", nil, "token", 1, time.Minute, time.Now().Add(time.Minute))
 			ctx := b.Context()
 			began := time.Now()

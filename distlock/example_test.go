@@ -21,12 +21,12 @@ import (
 )
 
 // A cron job that every instance starts on the hour and only one must run:
-// with FailFast, the others give up at once with ErrConflict.
+// with NoWait, the others give up at once with ErrConflict.
 func ExampleClient_Do() {
 	rdb, prefix, done := exampleRedis()
 	defer done()
 	ctx := context.Background()
-	locks, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, TTL: 10 * time.Second, FailFast: true})
+	locks, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, TTL: 10 * time.Second, NoWait: true})
 	if err != nil {
 		log.Fatal(err)
 	}

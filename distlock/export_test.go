@@ -1,5 +1,7 @@
 package distlock
 
+import "github.com/contend/contend/internal/scriptbatch"
+
 // Deferred returns how many of c's waiters for key wait behind its head
 // there, without being queued in Redis.
 func Deferred(c *Client, key string) int {
@@ -37,3 +39,7 @@ var (
 	QuorumLockScript   = quorumLockScript
 	QuorumUnlockScript = quorumUnlockScript
 )
+
+// FastPath reports whether c sends its calls on the caller's goroutine,
+// its Redis client ending them by their ctx's deadline itself.
+func FastPath(c *Client) bool { return scriptbatch.HonoursDeadlines(c.rdb) }

@@ -37,10 +37,14 @@ func ledger(t testing.TB) func(ctx context.Context, fence int64, writer string) 
 // old token is refused by the resource.
 func TestHolderStalledPastItsTTL(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, stalledHolder)
+}
+
+func stalledHolder(t *testing.T, opts redis.Options) {
 	write := ledger(t)
 	rdb, prefix := testserver.Redis(t)
 	lost := make(chan contend.Event, 1)
-	stalled, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond,
+	stalled, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix, TTL: 300 * time.Millisecond,
 		Observer: contend.ObserverFunc(func(_ context.Context, e contend.Event) {
 			if e.Kind == contend.EventLost {
 				lost <- e
@@ -122,7 +126,7 @@ func TestRedisRestartedWhileHeld(t *testing.T) {
 	})
 	require.ErrorIs(t, cause, contend.ErrLockLost)
 	require.ErrorIs(t, err, contend.ErrLockLost)
-	require.Zero(t, rdb.Exists(ctx, distlock.DefaultPrefix+"{job}").Val(), "a refresh took the lost key again")
+	require.Zero(t, rdb.Exists(ctx, "distlock:{job}").Val(), "a refresh took the lost key again")
 
 	l, err := c.Obtain(ctx, "job", time.Second)
 	require.NoError(t, err)

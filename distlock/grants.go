@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,10 +23,10 @@ import (
 // process at every release.
 type subscriber struct {
 	ps      *redis.PubSub // set and replaced under the client's mu
-	settled chan struct{} // closed once the first subscription succeeded or failed
+	settled chan struct{} // closed by settle once the first subscription succeeded or failed
+	settle  func()
 	healthy atomic.Bool   // subscribed now: releases' messages will arrive
-	stop    chan struct{} // closed by Close
-	done    chan struct{} // closed when the goroutine has ended
+	done    chan struct{} // closed when the goroutine has ended; it ends with Close
 }
 
 // A grant is what wakes a waiter. One with a fence is a hand-over by a
@@ -36,37 +37,32 @@ type subscriber struct {
 // along and left it to check.
 type grant struct {
 	fence int64
-	at    time.Time
+	at    time.Duration // since epoch: a grant has no pointer, and its channel's buffer needs no allocation of its own
 }
 
 // register records w for its wake-ups, starting the subscriber if this is
-// the client's first wait.
-func (c *Client) register(w *waiter) error {
+// the client's first wait, and returns the subscriber.
+func (c *Client) register(w *waiter) (*subscriber, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed.Load() {
-		return contend.ErrClosed
+		return nil, contend.ErrClosed
 	}
-	if c.sub.Load() == nil {
-		s := &subscriber{
-			settled: make(chan struct{}),
-			stop:    make(chan struct{}),
-			done:    make(chan struct{}),
-		}
+	s := c.sub.Load()
+	if s == nil {
+		s = &subscriber{settled: make(chan struct{}), done: make(chan struct{})}
+		s.settle = sync.OnceFunc(func() { close(s.settled) })
 		c.sub.Store(s)
 		go c.listen(s)
 	}
 	c.waiters[w.tok] = w
-	return nil
+	return s, nil
 }
-
-// subscriber returns the subscriber, which a registered waiter has started.
-func (c *Client) subscriber() *subscriber { return c.sub.Load() }
 
 // listening reports whether the subscription is confirmed: messages
 // published now reach this client.
 func (c *Client) listening() bool {
-	s := c.subscriber()
+	s := c.sub.Load()
 	return s != nil && s.healthy.Load()
 }
 
@@ -85,13 +81,6 @@ func parseGrant(msg string) (tok string, g grant) {
 		g = grant{}
 	}
 	return tok, g
-}
-
-// waiter returns the waiter of tok, or nil if it is no longer waiting.
-func (c *Client) waiter(tok string) *waiter {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.waiters[tok]
 }
 
 // wake wakes w with g. A grant for a waiter that has just given up is not
@@ -122,7 +111,9 @@ func wake(w *waiter, g grant) {
 // wakePublished makes the waiter that a published message names look at
 // the lock: the message is only a hint, which the waiter's attempt checks.
 func (c *Client) wakePublished(tok string) {
-	if w := c.waiter(tok); w != nil {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w := c.waiters[tok]; w != nil {
 		wake(w, grant{})
 	}
 }
@@ -168,7 +159,7 @@ func (c *Client) listen(s *subscriber) {
 	for {
 		msg, err := s.ps.ReceiveTimeout(context.Background(), healthInterval)
 		select {
-		case <-s.stop:
+		case <-c.closing:
 			return
 		default:
 		}
@@ -192,16 +183,8 @@ func (c *Client) listen(s *subscriber) {
 // listenState is what listen keeps between messages.
 type listenState struct {
 	subscribed bool // once: later confirmations are resubscriptions
-	settled    bool // s.settled is closed
 	pinged     bool // a ping is waiting for its answer
 	failures   int  // subscriptions failed in a row
-}
-
-func (st *listenState) settle(s *subscriber) {
-	if !st.settled {
-		st.settled = true
-		close(s.settled)
-	}
 }
 
 // received handles a message of the subscription: a confirmation, after
@@ -215,7 +198,7 @@ func (c *Client) received(s *subscriber, st *listenState, msg any) {
 		}
 		st.failures = 0
 		s.healthy.Store(true)
-		st.settle(s)
+		s.settle()
 		if st.subscribed {
 			c.wakeAll()
 		}
@@ -231,14 +214,14 @@ func (c *Client) received(s *subscriber, st *listenState, msg any) {
 // is closing.
 func (c *Client) resubscribe(s *subscriber, st *listenState) bool {
 	s.healthy.Store(false)
-	st.settle(s)
+	s.settle()
 	st.pinged = false
 	st.failures++
 	retry := contend.Retry{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
 	t := time.NewTimer(retry.Delay(st.failures))
 	defer t.Stop()
 	select {
-	case <-s.stop:
+	case <-c.closing:
 		return false
 	case <-t.C:
 	}
@@ -257,13 +240,6 @@ func isTimeout(err error) bool {
 // isNil reports whether v is nil or a typed nil pointer, such as a
 // (*redis.Client)(nil) passed as an interface.
 func isNil(v any) bool {
-	if v == nil {
-		return true
-	}
 	rv := reflect.ValueOf(v)
-	switch rv.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return rv.IsNil()
-	}
-	return false
+	return v == nil || rv.Kind() == reflect.Pointer && rv.IsNil()
 }

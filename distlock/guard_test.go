@@ -26,7 +26,7 @@ func TestClientIsAGuard(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: "pgx",
 				New: func(t testing.TB, env guardtest.Env) contend.Guard {
-					return newClient(t, env.Redis, distlock.Config{Prefix: env.Prefix, TTL: 3 * time.Second, GrantLease: 3 * time.Second, FailFast: failFast})
+					return newClient(t, env.Redis, distlock.Config{Prefix: env.Prefix, TTL: 3 * time.Second, GrantLease: 3 * time.Second, NoWait: failFast})
 				},
 				FailFast:  failFast,
 				Exclusive: true,

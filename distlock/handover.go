@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sync"
 	"time"
 )
 
@@ -13,12 +12,6 @@ import (
 // along the first waiter deferred behind the releaser here, in this
 // client's turn by pass.lua without a look at Redis's queue, else by
 // release.lua.
-
-// event runs ev on key's line and returns the step it asks for.
-func (c *Client) event(key string, ev func(l *line) step) (s step) {
-	c.onLine(key, func(l *line) { s = ev(l) })
-	return s
-}
 
 // act does what a step of key's line asks: wakes waiters, and gives up in
 // Redis, detached, what a departed waiter may have there, once after has
@@ -61,49 +54,54 @@ func (c *Client) takeAlong(key, tok string) (along *waiter, inTurn bool) {
 // key's line, and acts on what the line says; a clean-up waits for ended,
 // which closes when the release's call has ended (see scriptbatch.Start).
 func (c *Client) endRelease(ctx context.Context, key string, keys []string, tok string, along *waiter, o outcome, ended <-chan struct{}) {
-	c.act(ctx, key, keys, c.event(key, func(l *line) step {
-		s, _ := l.endRelease(tok, along, o)
-		return s
-	}), ended)
+	c.step(ctx, key, keys, ended, func(l *line) (step, bool) { return l.endRelease(tok, along, o) })
 }
 
 // depart reports that w's caller returns without the lock, and gives up
 // what w may have in Redis once w's last call has ended.
 func (c *Client) depart(ctx context.Context, key string, keys []string, w *waiter) {
-	c.act(ctx, key, keys, c.event(key, func(l *line) step {
-		s, _ := l.depart(w)
-		return s
-	}), w.ended)
+	c.step(ctx, key, keys, w.ended, func(l *line) (step, bool) { return l.depart(w) })
 }
 
-// runRelease runs the release script for a.token, the holder or a waiter
-// giving up, with along, and returns what it says of the token's hold
-// (see releaseArgs).
-func (c *Client) runRelease(ctx context.Context, key string, keys []string, a releaseArgs, along *waiter, inTurn bool) (int64, error) {
-	if along != nil && inTurn && !a.givingUp {
-		o, ended, err := c.pass(ctx, keys, a.token, along)
+// step runs event on key's line and acts on the step it returns, a
+// clean-up once after has closed.
+func (c *Client) step(ctx context.Context, key string, keys []string, after <-chan struct{}, event func(l *line) (step, bool)) {
+	var s step
+	c.onLine(key, func(l *line) { s, _ = event(l) })
+	c.act(ctx, key, keys, s, after)
+}
+
+// runRelease lets tok go, the holder's lock of fence, or a waiter's place
+// or reservation (fence 0) when it gives up, taking along with it, and
+// returns what Redis says of tok's hold (the replies of release.lua).
+func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok string, fence int64, along *waiter, inTurn bool) (int64, error) {
+	if along != nil && inTurn && fence > 0 {
+		o, ended, err := c.pass(ctx, keys, tok, along)
 		if err != nil || o.next != "" {
-			c.endRelease(ctx, key, keys, a.token, along, o, ended)
+			c.endRelease(ctx, key, keys, tok, along, o, ended)
 			if err != nil {
 				return replyNotHeld, err
 			}
 			return replyReleased, nil
 		}
-		// a.token no longer holds the lock: the release script finds out
-		// what became of it, and what along should do.
+		// tok no longer holds the lock: the release script finds out what
+		// became of it, and what along should do.
 	}
-	a.channel, a.waiterLease = c.channel, c.waiterLease()
+	// release.lua's arguments: the token, its fence, whether it gives up,
+	// where to tell this client's waiters, their places' lease, and the
+	// waiter taken along, with its grant lease, TTL and turn.
+	argv := []any{tok, fence, flag(fence == 0), c.channel, ms(c.waiterLease())}
 	if along != nil {
-		a.next, a.nextInTurn, a.nextGrant = along, inTurn, c.grantLease(along.ttl)
+		argv = append(argv, along.tok, ms(c.grantLease(along.ttl)), ms(along.ttl), flag(inTurn))
 	}
 	began := time.Now()
-	cmd, ended := c.calls.Start(ctx, releaseScript, keys, a.argv()...)
+	cmd, ended := c.calls.Start(ctx, releaseScript, keys, argv...)
 	res, err := cmd.Slice()
 	if err == nil && len(res) != 3 {
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
 	if err != nil {
-		c.endRelease(ctx, key, keys, a.token, along, outcome{lost: true}, ended)
+		c.endRelease(ctx, key, keys, tok, along, outcome{lost: true}, ended)
 		return replyNotHeld, err
 	}
 	held, _ := res[0].(int64)
@@ -115,7 +113,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, a re
 		o.next, g = parseGrant(msg)
 		o.fence, o.lost = g.fence, g.fence == 0
 	}
-	c.endRelease(ctx, key, keys, a.token, along, o, nil)
+	c.endRelease(ctx, key, keys, tok, along, o, nil)
 	return held, nil
 }
 
@@ -125,7 +123,7 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, a re
 // having changed nothing, when tok no longer holds the lock.
 func (c *Client) pass(ctx context.Context, keys []string, tok string, along *waiter) (outcome, <-chan struct{}, error) {
 	began := time.Now()
-	cmd, ended := c.calls.Start(ctx, passScript, keys[:2], passArgs{holder: tok, next: along.tok, nextTTL: along.ttl}.argv()...)
+	cmd, ended := c.calls.Start(ctx, passScript, keys[:2], tok, along.tok, ms(along.ttl))
 	fence, err := cmd.Int64()
 	switch {
 	case err != nil:
@@ -143,7 +141,7 @@ func (c *Client) pass(ctx context.Context, keys []string, tok string, along *wai
 // and the reservation expire by themselves).
 func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
 	along, inTurn := c.takeAlong(key, tok)
-	_, _ = c.runRelease(ctx, key, keys, releaseArgs{token: tok, givingUp: true}, along, inTurn)
+	_, _ = c.runRelease(ctx, key, keys, tok, 0, along, inTurn)
 }
 
 // cleanUp runs tok's leave on a goroutine of the Client's, so that the
@@ -155,9 +153,9 @@ func (c *Client) leave(ctx context.Context, key string, keys []string, tok strin
 // from then.
 func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok string, after <-chan struct{}) {
 	ctx = context.WithoutCancel(ctx)
-	c.cleanups.add()
+	c.cleanups.Add()
 	go func() {
-		defer c.cleanups.done()
+		defer c.cleanups.Done()
 		if after != nil {
 			<-after
 		}
@@ -168,44 +166,3 @@ func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok str
 // waiterLease is how long a waiter's place in a queue lasts without being
 // renewed: three rechecks.
 func (c *Client) waiterLease() time.Duration { return 3 * c.cfg.Recheck }
-
-// A group counts the clean-ups under way, for Close to wait for. Unlike a
-// sync.WaitGroup, it may be added to while it is waited for.
-type group struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n drops to 0; nil while it is 0
-}
-
-func (g *group) add() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.n++; g.idle == nil {
-		g.idle = make(chan struct{})
-	}
-}
-
-func (g *group) done() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.n--; g.n == 0 {
-		close(g.idle)
-		g.idle = nil
-	}
-}
-
-// wait waits until no clean-up is under way, or ctx ends.
-func (g *group) wait(ctx context.Context) error {
-	g.mu.Lock()
-	idle := g.idle
-	g.mu.Unlock()
-	if idle == nil {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("clean-ups still under way: %w", context.Cause(ctx))
-	}
-}

@@ -88,6 +88,7 @@ const (
 type waiter struct {
 	tok   string
 	ttl   time.Duration
+	keys  [4]string  // its key's in Redis (Client.keys); its Lock shares them
 	wake  chan grant // buffered; what a release or a message wakes it with
 	phase phase
 	// ended closes when the waiter's last call to Redis has ended, also
@@ -282,13 +283,13 @@ func (l *line) grantTo(o outcome, s *step) {
 // hold makes w, handed the lock by a release whose reply was o, the head.
 func (l *line) hold(w *waiter, o outcome, s *step) {
 	w.phase = holding
-	l.head, l.until = w, o.at.Add(w.ttl-driftMargin(w.ttl, DefaultDriftFactor))
+	l.head, l.until = w, o.at.Add(w.ttl-driftMargin(w.ttl, defaultDriftFactor))
 	if o.inTurn {
 		l.turn--
 	} else {
 		l.turn = len(l.behind)
 	}
-	s.wakes = append(s.wakes, wakeup{w: w, g: grant{fence: o.fence, at: o.at}})
+	s.wakes = append(s.wakes, wakeup{w: w, g: grant{fence: o.fence, at: o.at.Sub(epoch)}})
 }
 
 // depart records that w's caller returns without the lock. A waiter that
@@ -349,8 +350,12 @@ func (l *line) empty() bool { return l.idle() && !l.busy }
 
 func remove(ws []*waiter, w *waiter) []*waiter {
 	if len(ws) > 0 && ws[0] == w {
-		// Most often the oldest: it leaves without a look at the others.
+		// Most often the oldest: it leaves without a look at the others,
+		// and the last keeps the slice's room for the next.
 		ws[0] = nil
+		if len(ws) == 1 {
+			return ws[:0]
+		}
 		return ws[1:]
 	}
 	return slices.DeleteFunc(ws, func(d *waiter) bool { return d == w })
@@ -366,8 +371,9 @@ const localShards = 32
 const maxBusy = 1024
 
 type keyShard struct {
-	mu   sync.Mutex // protects keys, and every line and waiter in it
-	keys map[string]*line
+	mu    sync.Mutex // protects keys, and every line and waiter in it
+	keys  map[string]*line
+	spare *line // the last line forgotten, emptied, for the next key
 }
 
 func (c *Client) shard(key string) *keyShard {
@@ -392,11 +398,18 @@ func (c *Client) onLine(key string, event func(l *line)) {
 				}
 			}
 		}
-		l = &line{}
+		if l = sh.spare; l == nil {
+			l = &line{}
+		}
+		sh.spare = nil
 		sh.keys[key] = l
 	}
 	event(l)
 	if l.empty() {
+		// A key locked by one call at a time makes and forgets its line
+		// at every call: the next reuses it, and its slices' room.
 		delete(sh.keys, key)
+		*l = line{behind: l.behind[:0], asked: l.asked[:0]}
+		sh.spare = l
 	}
 }

@@ -21,16 +21,27 @@ type lockOwner interface {
 	release(ctx context.Context, l *Lock) (held bool, err error)
 	// pttl returns the lease l has left, if it holds the lock.
 	pttl(ctx context.Context, l *Lock) (left time.Duration, held bool, err error)
-	// margin is taken off a lease of ttl for the validity deadline: the
-	// clock drift allowance of a quorum, zero on one node.
-	margin(ttl time.Duration) time.Duration
-	// observer is the Observer of the owner's configuration, or nil.
-	observer() contend.Observer
-	// holdTimers runs the watchdogs of the owner's holds.
-	holdTimers() *keepalive.Timers
-	// releaseContext is the context of a release: ctx's values, without
-	// its cancellation, ending releaseTimeout later.
-	releaseContext(ctx context.Context) context.Context
+	// locks is what the owner keeps for its locks.
+	locks() *base
+}
+
+// A base is what a Client and a Quorum keep for the locks they make.
+type base struct {
+	drift    float64          // the share of a lease allowed for clocks' drift
+	observer contend.Observer // the configuration's, or nil
+	holds    keepalive.Timers // the watchdogs of the holds
+	clock    releaseClock     // the contexts of releases
+}
+
+func (b *base) locks() *base { return b }
+
+// margin is taken off a lease of ttl for its validity deadline.
+func (b *base) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, b.drift) }
+
+// driftMargin is the allowance for clocks that run at different rates over
+// a lease of ttl: factor of it, and 2ms, as Redlock allows.
+func driftMargin(ttl time.Duration, factor float64) time.Duration {
+	return time.Duration(float64(ttl)*factor) + 2*time.Millisecond
 }
 
 // A Lock is one acquisition of a key: the key, the random token that only
@@ -47,6 +58,7 @@ type lockOwner interface {
 // A Lock is safe for simultaneous use by multiple goroutines.
 type Lock struct {
 	owner lockOwner
+	base  *base // the owner's
 	key   string
 	keys  []string // the Redis keys; keys[0] is the lock
 	token string
@@ -54,7 +66,7 @@ type Lock struct {
 	ttl   time.Duration
 	taken bool // obtained by a Client's take, with nobody queued
 
-	valid atomic.Pointer[time.Time] // only ever moved later
+	valid atomic.Int64 // ValidUntil, since epoch; only ever moved later
 
 	report       holdReport  // set before the lock is returned, when observed
 	lossReported atomic.Bool // the hold's loss was reported, by the watchdog or Release
@@ -69,8 +81,8 @@ type Lock struct {
 }
 
 func newLock(owner lockOwner, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
-	l := &Lock{owner: owner, key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
-	l.valid.Store(&valid)
+	l := &Lock{owner: owner, base: owner.locks(), key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
+	l.valid.Store(int64(valid.Sub(epoch)))
 	return l
 }
 
@@ -91,14 +103,18 @@ func (l *Lock) Fence() int64 { return l.fence }
 
 // ValidUntil returns the local deadline until which the lock is known to be
 // held, unless it was released or taken away by hand. See [Lock].
-func (l *Lock) ValidUntil() time.Time { return *l.valid.Load() }
+func (l *Lock) ValidUntil() time.Time { return epoch.Add(time.Duration(l.valid.Load())) }
+
+// epoch is the origin of the instants kept as numbers, on this process's
+// monotonic clock: a number is stored with no allocation.
+var epoch = time.Now()
 
 // moveValid moves the validity to v, if v is later: refreshes that return
 // out of order never move it back.
 func (l *Lock) moveValid(v time.Time) {
-	for {
+	for d := int64(v.Sub(epoch)); ; {
 		old := l.valid.Load()
-		if !v.After(*old) || l.valid.CompareAndSwap(old, &v) {
+		if d <= old || l.valid.CompareAndSwap(old, d) {
 			return
 		}
 	}
@@ -159,7 +175,7 @@ func (l *Lock) extend(ctx context.Context, ttl time.Duration) (bool, error) {
 	began := time.Now()
 	held, err := l.owner.refresh(ctx, l, ttl)
 	if err == nil && held {
-		l.moveValid(began.Add(ttl - l.owner.margin(ttl)))
+		l.moveValid(began.Add(ttl - l.base.margin(ttl)))
 	}
 	return held, err
 }
@@ -183,9 +199,9 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 		l.holdCtx = hctx
 		return hctx
 	}
-	ttl := l.ttl - l.owner.margin(l.ttl)
+	ttl := l.ttl - l.base.margin(l.ttl)
 	obtained := l.ValidUntil().Add(-ttl)
-	l.hold = l.owner.holdTimers().Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
+	l.hold = l.base.holds.Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
 		held, err := l.extend(ctx, l.ttl)
 		if err != nil {
 			l.reportHold(ctx, contend.EventFailed, err)
@@ -198,7 +214,7 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 	// hold that ends with its work starts no goroutine for it. Without an
 	// Observer there is nothing to report, and nothing is readied beside
 	// the work's own goroutine when the lease runs out.
-	if l.owner.observer() != nil {
+	if l.base.observer != nil {
 		l.stopLostEvent = context.AfterFunc(hctx, func() {
 			if cause := context.Cause(hctx); errors.Is(cause, contend.ErrLockLost) && l.lossReported.CompareAndSwap(false, true) {
 				l.reportHold(hctx, contend.EventLost, cause)
@@ -236,7 +252,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		}
 		l.hold = nil
 	}
-	held, err := l.owner.release(l.owner.releaseContext(ctx), l)
+	held, err := l.owner.release(l.base.clock.context(ctx), l)
 	if err != nil {
 		err = fmt.Errorf("distlock: release %q: %w", l.key, err)
 		l.reportHold(ctx, contend.EventFailed, err)
@@ -269,8 +285,16 @@ func FromContext(ctx context.Context) (*Lock, bool) {
 	return l, ok
 }
 
-// run holds l while fn runs and releases it afterwards, also when fn panics.
-func run(ctx context.Context, l *Lock, fn func(ctx context.Context) error) (err error) {
+// do obtains a lock by obtain, holds it while fn runs and releases it
+// afterwards, also when fn panics.
+func do(ctx context.Context, key string, fn func(ctx context.Context) error, obtain func() (*Lock, error)) (err error) {
+	if fn == nil {
+		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	l, err := obtain()
+	if err != nil {
+		return err
+	}
 	hctx := l.Hold(ctx)
 	defer func() {
 		// The caller may have given up, which may be why fn returned, but the

@@ -21,8 +21,21 @@ import (
 
 // These tests put a TCP fault proxy between a Client and Redis, and use
 // go-redis as users do: a client with its default options, which ignores
-// ctx deadlines and re-sends a command after a read timeout. Each says
-// which promise holds under its fault.
+// ctx deadlines and re-sends a command after a read timeout, and, by
+// onBothKinds, one built with ContextTimeoutEnabled, which the Client
+// sends to on the caller's goroutine (the fast path). Each says which
+// promise holds under its fault.
+
+// onBothKinds runs test, in parallel, with opts for a go-redis client with
+// its default options and for one with ContextTimeoutEnabled.
+func onBothKinds(t *testing.T, test func(t *testing.T, opts redis.Options)) {
+	for _, honours := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ContextTimeoutEnabled=%v", honours), func(t *testing.T) {
+			t.Parallel()
+			test(t, redis.Options{ContextTimeoutEnabled: honours})
+		})
+	}
+}
 
 // behind returns a Client on a go-redis client that reaches Redis through
 // a proxy of its own, and the proxy. opts tunes the go-redis client (its
@@ -37,7 +50,9 @@ func behind(t *testing.T, rdb *redis.Client, opts redis.Options, cfg distlock.Co
 		via.AddHook(h)
 	}
 	t.Cleanup(func() { via.Close() })
-	return newClient(t, via, cfg), proxy
+	c := newClient(t, via, cfg)
+	require.Equal(t, opts.ContextTimeoutEnabled, distlock.FastPath(c))
+	return c, proxy
 }
 
 // A holder cut off from Redis by a partition (nothing is forwarded, no
@@ -64,6 +79,10 @@ func behind(t *testing.T, rdb *redis.Client, opts redis.Options, cfg distlock.Co
 // first, the limit of any lease, which fencing tokens are for.
 func TestPartitionedHolderIsToldInTime(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, partitionedHolders)
+}
+
+func partitionedHolders(t *testing.T, opts redis.Options) {
 	const (
 		runs   = 50
 		batch  = 10 // runs at once, each with a proxy and a key of its own
@@ -77,9 +96,9 @@ func TestPartitionedHolderIsToldInTime(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := first; i < first+batch; i++ {
 			calls := new(redisCalls)
-			holder, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: ttl}, calls)
+			holder, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix, TTL: ttl}, calls)
 			wg.Go(func() {
-				lags[i], leads[i], lates[i] = partitioned(t, holder, proxy, calls, other, fmt.Sprintf("job%d", i))
+				lags[i], leads[i], lates[i] = partitioned(t, holder, proxy, calls, other, fmt.Sprintf("job%d", i), !opts.ContextTimeoutEnabled)
 			})
 		}
 		wg.Wait()
@@ -135,12 +154,13 @@ func (c *redisCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // partitioned cuts holder, a client behind proxy whose go-redis calls
 // counts, off while it holds key, and checks that the holder is told it
-// lost the lock while a refresh it sent is still waiting for its answer.
+// lost the lock while a refresh it sent is still waiting for its answer,
+// if refreshStuck (on a client that ignores ctx deadlines).
 // It returns how long after its ValidUntil the holder was told, how long
 // before the other process obtained the key, and how late a goroutine woke
 // on a context that a plain timer set for ValidUntil cancelled. It reports
 // failures with t.Errorf: it runs on a goroutine of the test's.
-func partitioned(t *testing.T, holder *distlock.Client, proxy *faultproxy.Proxy, calls *redisCalls, other *distlock.Client, key string) (lag, lead, late time.Duration) {
+func partitioned(t *testing.T, holder *distlock.Client, proxy *faultproxy.Proxy, calls *redisCalls, other *distlock.Client, key string, refreshStuck bool) (lag, lead, late time.Duration) {
 	taken, fired := make(chan time.Time, 1), make(chan time.Time, 1)
 	var valid, told time.Time
 	err := holder.Do(t.Context(), key, func(ctx context.Context) error {
@@ -161,8 +181,10 @@ func partitioned(t *testing.T, holder *distlock.Client, proxy *faultproxy.Proxy,
 			t.Errorf("%s: fn's ctx ended with %v", key, context.Cause(ctx))
 		}
 		// None sent happens only when this process is so starved that the
-		// first refresh's timer fired past the validity too.
-		if sent > 0 && waiting == 0 {
+		// first refresh's timer fired past the validity too. A client that
+		// honours ctx deadlines ends the refresh at the validity itself, as
+		// the timer fires.
+		if refreshStuck && sent > 0 && waiting == 0 {
 			t.Errorf("%s: told only once every call to Redis sent while fn ran (%d) had returned", key, sent)
 		}
 		// Let the release through: its outcome is not what this test is
@@ -207,11 +229,18 @@ func poll(c *distlock.Client, key string) time.Time {
 // is not told "busy" while its own lock blocks the key for a whole TTL.
 func TestObtainSentTwiceIsOneLock(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, obtainSentTwice)
+}
+
+func obtainSentTwice(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
 	// A short read timeout so that go-redis gives up on the lost reply,
 	// and sends the script again, quickly; its retries are the default.
-	c, proxy := behind(t, rdb, redis.Options{ReadTimeout: 200 * time.Millisecond}, distlock.Config{Prefix: prefix})
-	ctx := t.Context()
+	opts.ReadTimeout = 200 * time.Millisecond
+	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix})
+	// With a deadline, on the fast path: go-redis's own timeout comes first.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
 	warm(t, c)
 
 	proxy.DropNextReply()
@@ -229,8 +258,13 @@ func TestObtainSentTwiceIsOneLock(t *testing.T) {
 // lock gone, with nobody having taken it since, and that is no loss.
 func TestReleaseSentTwiceIsNotALoss(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, releaseSentTwice)
+}
+
+func releaseSentTwice(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
-	c, proxy := behind(t, rdb, redis.Options{ReadTimeout: 200 * time.Millisecond}, distlock.Config{Prefix: prefix, FailFast: true})
+	opts.ReadTimeout = 200 * time.Millisecond
+	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix, NoWait: true})
 	ctx := t.Context()
 	warm(t, c)
 
@@ -259,12 +293,16 @@ func warm(t *testing.T, c *distlock.Client) {
 // connections arrive in time: fn runs to the end, undisturbed.
 func TestResetConnectionsAreNotALoss(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, resetConnections)
+}
+
+func resetConnections(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
 	// Every refresh (each TTL/3) meets reset connections; the lease leaves
 	// a loaded machine room for the reconnect's four round trips (at 900ms
 	// it did not, once, in CI at load ~8: a refresh was still reconnecting
 	// when the validity passed).
-	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: 1500 * time.Millisecond})
+	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix, TTL: 1500 * time.Millisecond})
 	err := c.Do(t.Context(), "job", func(ctx context.Context) error {
 		for range 20 {
 			proxy.Reset()
@@ -283,10 +321,14 @@ func TestResetConnectionsAreNotALoss(t *testing.T) {
 // holds: it is counted from when each call was sent, not answered.
 func TestLatencyNeverOverstatesTheLease(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, latency)
+}
+
+func latency(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
 	// The lease leaves room for a refresh delayed by a loaded machine:
 	// what is checked is the validity, not the refreshes' punctuality.
-	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix, TTL: time.Second})
+	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix, TTL: time.Second})
 	warm(t, c) // a new connection's handshake would take four round trips
 	proxy.SetLatency(30 * time.Millisecond)
 	checks := 0
@@ -313,13 +355,19 @@ func TestLatencyNeverOverstatesTheLease(t *testing.T) {
 
 // On a network that stopped answering, Release returns within its bound
 // (5s), with an error, although go-redis would wait longer; Close returns
-// by its ctx's deadline.
+// by its ctx's deadline, reporting the call still under way on a client
+// that ignores ctx deadlines, and none on one that ended it by itself.
 func TestReleaseIsBoundedOnAStuckNetwork(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, releaseOnAStuckNetwork)
+}
+
+func releaseOnAStuckNetwork(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
 	proxy := faultproxy.Start(t, rdb.Options().Addr)
 	// Read timeouts of a minute: go-redis alone would wait that long.
-	via := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ReadTimeout: time.Minute, WriteTimeout: time.Minute})
+	opts.Addr, opts.ReadTimeout, opts.WriteTimeout = proxy.Addr(), time.Minute, time.Minute
+	via := redis.NewClient(&opts)
 	t.Cleanup(func() { via.Close() })
 	c, err := distlock.NewClient(via, distlock.Config{Prefix: prefix})
 	require.NoError(t, err)
@@ -339,7 +387,12 @@ func TestReleaseIsBoundedOnAStuckNetwork(t *testing.T) {
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 	defer cancel()
 	began = time.Now()
-	require.Error(t, c.Close(short), "Close reports the call still under way")
+	if opts.ContextTimeoutEnabled {
+		// go-redis gave the call up at the release's deadline itself.
+		require.NoError(t, c.Close(short), "a call is still under way")
+	} else {
+		require.Error(t, c.Close(short), "Close reports the call still under way")
+	}
 	require.Less(t, time.Since(began), time.Second)
 	// The stuck call ends once the connection does.
 	proxy.Heal()
@@ -352,13 +405,19 @@ func TestReleaseIsBoundedOnAStuckNetwork(t *testing.T) {
 // (5s): the majority's lock is granted within the timeout.
 func TestQuorumNodeCutOffIsNotWaitedFor(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, quorumNodeCutOff)
+}
+
+func quorumNodeCutOff(t *testing.T, opts redis.Options) {
 	const nodeTimeout = 100 * time.Millisecond
 	rdb, prefix := testserver.Redis(t)
 	var nodes []redis.Scripter
 	var proxies []*faultproxy.Proxy
 	for db := range 3 { // three databases of one server stand in for three servers
 		proxy := faultproxy.Start(t, rdb.Options().Addr)
-		node := redis.NewClient(&redis.Options{Addr: proxy.Addr(), DB: db})
+		o := opts // go-redis keeps the pointer
+		o.Addr, o.DB = proxy.Addr(), db
+		node := redis.NewClient(&o)
 		t.Cleanup(func() { node.Close() })
 		nodes, proxies = append(nodes, node), append(proxies, proxy)
 	}
@@ -392,28 +451,77 @@ func TestQuorumNodeCutOffIsNotWaitedFor(t *testing.T) {
 // Obtain, TryObtain and Do return by their ctx's deadline, with a little
 // slack for the scheduler, whatever the network does: on a network that
 // stopped answering, the clean-up of the call they gave up on (a leave, in
-// case the script ran) goes on without them.
+// case the script ran) goes on without them. Also a wait behind another
+// client's lock, whose subscription cannot start, and calls that queue for
+// a batch (a pipeline), more than the pool has connections; and a ctx that
+// is only cancelled, which go-redis does not see.
 func TestCallsReturnByTheirDeadlineOnASilentNetwork(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, silentNetwork)
+}
+
+func silentNetwork(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
-	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix})
+	opts.PoolSize = 2
+	cfg := distlock.Config{Prefix: prefix}
+	c, proxy := behind(t, rdb, opts, cfg)
+	fresh, freshProxy := behind(t, rdb, opts, cfg) // it has never waited: no subscription yet
+	held, err := newClient(t, rdb, cfg).TryObtain(t.Context(), "held", time.Minute)
+	require.NoError(t, err)
+	mine, err := fresh.TryObtain(t.Context(), "mine", time.Minute)
+	require.NoError(t, err)
 	warm(t, c)
+	short, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	_, err = c.Obtain(short, "held", time.Minute) // now c knows the key is busy: it queues at once
+	cancel()
+	require.ErrorIs(t, err, contend.ErrConflict)
 	proxy.Blackhole()
-	defer func() { proxy.Heal(); proxy.Reset() }()
+	freshProxy.Blackhole()
 	calls := map[string]func(ctx context.Context) error{
 		"TryObtain": func(ctx context.Context) error { _, err := c.TryObtain(ctx, "job", time.Minute); return err },
 		"Obtain":    func(ctx context.Context) error { _, err := c.Obtain(ctx, "job", time.Minute); return err },
 		"Do": func(ctx context.Context) error {
 			return c.Do(ctx, "job", func(context.Context) error { return nil })
 		},
+		"Obtain of a busy key": func(ctx context.Context) error { _, err := c.Obtain(ctx, "held", time.Minute); return err },
+		"Obtain behind its own lock, subscribing": func(ctx context.Context) error {
+			_, err := fresh.Obtain(ctx, "mine", time.Minute)
+			return err
+		},
+		"8 TryObtains at once": func(ctx context.Context) error {
+			errs := make([]error, 8)
+			var wg sync.WaitGroup
+			for i := range errs {
+				wg.Go(func() { _, errs[i] = c.TryObtain(ctx, fmt.Sprintf("job%d", i), time.Minute) })
+			}
+			wg.Wait()
+			for _, err := range errs {
+				if !errors.Is(err, ctx.Err()) {
+					return err
+				}
+			}
+			return errs[0]
+		},
 	}
 	for name, call := range calls {
-		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
-		began := time.Now()
-		err := call(ctx)
-		took := time.Since(began)
-		cancel()
-		require.ErrorIs(t, err, context.DeadlineExceeded, name)
-		require.Less(t, took, 350*time.Millisecond, "%s returned %v after its deadline", name, took-100*time.Millisecond)
+		for _, deadline := range []bool{true, false} {
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			if !deadline {
+				ctx, cancel = context.WithCancel(t.Context())
+				time.AfterFunc(100*time.Millisecond, cancel)
+			}
+			began := time.Now()
+			err := call(ctx)
+			took := time.Since(began)
+			cancel()
+			require.ErrorIs(t, err, ctx.Err(), "%s (deadline %v)", name, deadline)
+			require.Less(t, took, 350*time.Millisecond, "%s (deadline %v) returned %v after its ctx ended", name, deadline, took-100*time.Millisecond)
+		}
 	}
+	for _, p := range []*faultproxy.Proxy{proxy, freshProxy} {
+		p.Heal()
+		p.Reset()
+	}
+	require.NoError(t, held.Release(t.Context()))
+	require.NoError(t, mine.Release(t.Context()))
 }

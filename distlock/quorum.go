@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/ctxerr"
-	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
 )
@@ -25,40 +25,35 @@ var ErrNoQuorum = errors.New("distlock: no quorum")
 // QuorumConfig configures a [Quorum]. The zero value is ready to use: every
 // field has a documented default.
 type QuorumConfig struct {
-	// Prefix is put before every key. Default: "distlock:".
+	// Prefix is put before every key. Zero means "distlock:".
 	Prefix string
 	// TTL is the lease of a lock that [Quorum.Do] takes; Do refreshes it
-	// every third of its validity. Default: 10s; at least [MinTTL].
+	// every third of its validity. Zero means 10s; at least [MinTTL].
 	TTL time.Duration
-	// FailFast makes [Quorum.Do] give up at once when the key is held.
-	// Default: false, Do waits.
-	FailFast bool
-	// MaxWait bounds every wait when ctx allows longer. Default: 30s.
+	// NoWait makes [Quorum.Do] give up at once when the key is held.
+	// False (the default): Do waits.
+	NoWait bool
+	// MaxWait bounds every wait when ctx allows longer. Zero means 30s.
 	MaxWait time.Duration
 	// NodeTimeout bounds each node's answer: a node that answers later
-	// counts as failed, so a slow node cannot eat the lease. Default: 50ms.
+	// counts as failed, so a slow node cannot eat the lease. Zero means
+	// 50ms.
 	NodeTimeout time.Duration
 	// DriftFactor is the share of the TTL allowed for the nodes' clocks
 	// running at different rates; 2ms are added to it. The validity of a
 	// lock is TTL minus the time its attempt took minus that allowance.
-	// Default: 0.01.
+	// Zero means 0.01; below 0.5.
 	DriftFactor float64
 	// Backoff paces the attempts of a wait. Quorum waits poll, with jitter
 	// so that competing waiters do not retry in step; there is no queue
-	// across independent nodes. Its MaxAttempts is ignored. Default:
-	// contend.Retry's defaults, MaxDelay at most 100ms.
+	// across independent nodes. Its MaxAttempts is ignored. Zero means
+	// contend.Retry's defaults; MaxDelay at most 100ms.
 	Backoff contend.Retry
 	// Observer, when set, hears what the quorum's locks do, as
-	// Config.Observer does; the events carry no fencing token. Default:
-	// nil, no events.
+	// Config.Observer does; the events carry no fencing token. Nil (the
+	// default): no events.
 	Observer contend.Observer
 }
-
-// Defaults of [QuorumConfig].
-const (
-	DefaultNodeTimeout = 50 * time.Millisecond
-	DefaultDriftFactor = 0.01
-)
 
 // A Quorum takes locks over several independent Redis masters (Redlock): a
 // lock is held when a majority of the nodes granted it within its validity,
@@ -86,11 +81,10 @@ const (
 // A Quorum never closes the node clients. It is safe for simultaneous use
 // by multiple goroutines.
 type Quorum struct {
+	base
 	nodes  []*scriptbatch.Sender
 	cfg    QuorumConfig
 	quorum int
-	holds  keepalive.Timers
-	clock  releaseClock
 }
 
 var _ contend.Guard = (*Quorum)(nil)
@@ -116,10 +110,10 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 		return nil, err
 	}
 	if cfg.NodeTimeout == 0 {
-		cfg.NodeTimeout = DefaultNodeTimeout
+		cfg.NodeTimeout = defaultNodeTimeout
 	}
 	if cfg.DriftFactor == 0 {
-		cfg.DriftFactor = DefaultDriftFactor
+		cfg.DriftFactor = defaultDriftFactor
 	}
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
 		cfg.Backoff.MaxDelay = 100 * time.Millisecond
@@ -131,7 +125,7 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 		// every other until it times out.
 		senders[i] = scriptbatch.New(n, scriptbatch.Limit(n))
 	}
-	return &Quorum{nodes: senders, cfg: cfg, quorum: len(nodes)/2 + 1}, nil
+	return &Quorum{base: base{drift: cfg.DriftFactor, observer: cfg.Observer}, nodes: senders, cfg: cfg, quorum: len(nodes)/2 + 1}, nil
 }
 
 // TryObtain makes one attempt to lock key for ttl on a majority of the
@@ -150,18 +144,11 @@ func (q *Quorum) Obtain(ctx context.Context, key string, ttl time.Duration) (*Lo
 	return q.obtain(ctx, key, ttl, true)
 }
 
-// Do is [Client.Do] over the quorum: obtain (waiting unless FailFast),
+// Do is [Client.Do] over the quorum: obtain (waiting unless NoWait),
 // refresh while fn runs, cancel fn's ctx with [contend.ErrLockLost] when a
 // majority can no longer be proven, release on every node.
 func (q *Quorum) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("distlock: do %q: nil fn: %w", key, contend.ErrInvalid)
-	}
-	l, err := q.obtain(ctx, key, q.cfg.TTL, !q.cfg.FailFast)
-	if err != nil {
-		return err
-	}
-	return run(ctx, l, fn)
+	return do(ctx, key, fn, func() (*Lock, error) { return q.obtain(ctx, key, q.cfg.TTL, !q.cfg.NoWait) })
 }
 
 // Close waits, until ctx ends, for the node calls that did not answer
@@ -177,18 +164,10 @@ func (q *Quorum) Close(ctx context.Context) error {
 	return nil
 }
 
-func (q *Quorum) observer() contend.Observer { return q.cfg.Observer }
-
 func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait bool) (*Lock, error) {
-	if err := checkKey("obtain", key); err != nil {
+	ttl, err := checkObtain(ctx, key, ttl)
+	if err != nil {
 		return nil, err
-	}
-	if err := checkTTL("ttl", ttl); err != nil {
-		return nil, err
-	}
-	ttl = ttl.Truncate(time.Millisecond)
-	if err := ctxerr.Of(ctx); err != nil {
-		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	began := time.Now()
 	if wait {
@@ -196,33 +175,25 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		ctx, cancel = context.WithTimeoutCause(ctx, q.cfg.MaxWait, errMaxWait)
 		defer cancel()
 	}
-	gaveUp := func(attempt int) error {
-		err := fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-			key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, ctxerr.Of(ctx))
-		reportMiss(ctx, q.cfg.Observer, contend.EventGaveUp, key, began, attempt, err)
-		return err
-	}
 	for attempt := 1; ; attempt++ {
 		l, err := q.attempt(ctx, key, ttl)
 		if err == nil {
 			l.reportObtained(ctx, began, attempt)
 			return l, nil
 		}
-		if wait && ctxerr.Of(ctx) != nil {
-			// ctx ended during the attempt, cutting the nodes' calls short:
-			// the wait ended, as it does in the backoff below, whatever
-			// the nodes that did answer said.
-			return nil, gaveUp(attempt)
-		}
-		if !wait || !errors.Is(err, contend.ErrConflict) {
+		// ctx ended during the attempt, cutting the nodes' calls short:
+		// the wait ended, as it does in the backoff below, whatever the
+		// nodes that did answer said.
+		ended := wait && ctxerr.Of(ctx) != nil
+		if !ended && (!wait || !errors.Is(err, contend.ErrConflict)) {
 			err = fmt.Errorf("distlock: obtain %q: %w", key, err)
 			if errors.Is(err, contend.ErrConflict) {
-				reportMiss(ctx, q.cfg.Observer, contend.EventConflict, key, began, attempt, err)
+				reportMiss(ctx, q.observer, contend.EventConflict, key, began, attempt, err)
 			}
 			return nil, err
 		}
-		if werr := q.cfg.Backoff.Wait(ctx, attempt); werr != nil {
-			return nil, gaveUp(attempt)
+		if ended || q.cfg.Backoff.Wait(ctx, attempt) != nil {
+			return nil, gaveUp(ctx, q.observer, key, began, attempt, ctxerr.Of(ctx))
 		}
 	}
 }
@@ -234,103 +205,76 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 	keys := []string{q.cfg.Prefix + "{" + key + "}"}
 	tok := token.New()
 	began := time.Now()
-	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
-		v, err := n.Run(ctx, quorumLockScript, keys, takeArgs{token: tok, ttl: ttl}.argv()...).Int64()
+	held, err := q.vote(ctx, "lock", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+		v, err := n.Run(ctx, quorumLockScript, keys, leaseArgs(tok, ttl)...).Int64()
 		return v == 1, err
 	})
-	valid := began.Add(ttl - q.margin(ttl))
-	ok, no, errs := tally(res)
-	if ok >= q.quorum && time.Now().Before(valid) {
-		return newLock(q, key, keys, tok, 0, ttl, valid), nil
+	l := newLock(q, key, keys, tok, 0, ttl, began.Add(ttl-q.margin(ttl)))
+	if held && time.Now().Before(l.ValidUntil()) {
+		return l, nil
 	}
 	// Also the nodes that failed: their SET may have run, its reply lost.
-	l := newLock(q, key, keys, tok, 0, ttl, valid)
-	_, _ = q.release(q.releaseContext(ctx), l)
+	_, _ = q.release(q.clock.context(ctx), l)
 	switch {
-	case no > len(q.nodes)-q.quorum:
+	case err != nil:
+		return nil, err
+	case !held:
 		return nil, contend.ErrConflict
-	case ok >= q.quorum:
-		return nil, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
 	}
-	return nil, fmt.Errorf("%d of %d nodes granted, %d refused, %d failed: %w",
-		ok, len(q.nodes), no, len(errs), noQuorum(errs))
+	return nil, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
 }
 
-type nodeResult struct {
-	ok  bool
-	err error
-}
-
-// each runs op on every node at once, each bounded by NodeTimeout, and
-// waits for all. A node's call that its client does not end by the timeout
-// (go-redis ignores ctx deadlines by default) is left to finish on the
-// node's Sender, which Close waits for.
-func (q *Quorum) each(ctx context.Context, op func(ctx context.Context, n *scriptbatch.Sender) (bool, error)) []nodeResult {
-	res := make([]nodeResult, len(q.nodes))
+// vote runs op on every node at once, each bounded by NodeTimeout, and
+// reports whether a majority said yes (held), or enough said no that no
+// majority can say yes (not held); else, too few nodes answered, an error
+// matching ErrNoQuorum, joined with the nodes' errors, says what (what)
+// reached how many. A node's call that its client does not end by the
+// timeout (go-redis ignores ctx deadlines by default) is left to finish on
+// the node's Sender, which Close waits for.
+func (q *Quorum) vote(ctx context.Context, what string, op func(ctx context.Context, n *scriptbatch.Sender) (bool, error)) (bool, error) {
+	errs := make([]error, len(q.nodes))
+	var yes, no atomic.Int32
 	var wg sync.WaitGroup
 	for i, n := range q.nodes {
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, q.cfg.NodeTimeout)
 			defer cancel()
 			ok, err := op(nctx, n)
-			if err == nil && nctx.Err() != nil {
+			switch {
+			case err == nil && nctx.Err() != nil:
 				// An answer after the timeout counts as none: waiting for
 				// slow nodes would spend the lease.
-				err = fmt.Errorf("node %d answered after %v: %w", i, q.cfg.NodeTimeout, nctx.Err())
-			} else if err != nil {
-				err = fmt.Errorf("node %d: %w", i, err)
+				errs[i] = fmt.Errorf("node %d answered after %v: %w", i, q.cfg.NodeTimeout, nctx.Err())
+			case err != nil:
+				errs[i] = fmt.Errorf("node %d: %w", i, err)
+			case ok:
+				yes.Add(1)
+			default:
+				no.Add(1)
 			}
-			res[i] = nodeResult{ok: ok && err == nil, err: err}
 		})
 	}
 	wg.Wait()
-	return res
-}
-
-// noQuorum is ErrNoQuorum joined with the nodes' errors.
-func noQuorum(errs []error) error { return errors.Join(append([]error{ErrNoQuorum}, errs...)...) }
-
-// tally counts the nodes that said yes, said no, and failed.
-func tally(res []nodeResult) (ok, no int, errs []error) {
-	for _, r := range res {
-		switch {
-		case r.err != nil:
-			errs = append(errs, r.err)
-		case r.ok:
-			ok++
-		default:
-			no++
-		}
+	switch {
+	case int(yes.Load()) >= q.quorum:
+		return true, nil
+	case int(no.Load()) > len(q.nodes)-q.quorum:
+		return false, nil
 	}
-	return ok, no, errs
-}
-
-func (q *Quorum) holdTimers() *keepalive.Timers { return &q.holds }
-
-func (q *Quorum) releaseContext(ctx context.Context) context.Context { return q.clock.context(ctx) }
-
-func (q *Quorum) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, q.cfg.DriftFactor) }
-
-// driftMargin is the allowance for clocks that run at different rates over
-// a lease of ttl: factor of it, and 2ms, as Redlock allows.
-func driftMargin(ttl time.Duration, factor float64) time.Duration {
-	return time.Duration(float64(ttl)*factor) + 2*time.Millisecond
+	return false, fmt.Errorf("%s reached %d of %d nodes: %w", what, yes.Load()+no.Load(), len(q.nodes),
+		errors.Join(append([]error{ErrNoQuorum}, errs...)...))
 }
 
 func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
 	began := time.Now()
-	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
-		v, err := n.Run(ctx, quorumRefreshScript, l.keys, refreshArgs{token: l.token, ttl: ttl}.argv()...).Int64()
+	held, err := q.vote(ctx, "refresh", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+		v, err := n.Run(ctx, quorumRefreshScript, l.keys, leaseArgs(l.token, ttl)...).Int64()
 		return v == 1, err
 	})
-	ok, no, errs := tally(res)
-	switch {
-	case ok >= q.quorum && time.Since(began) < ttl-q.margin(ttl):
-		return true, nil
-	case no > len(q.nodes)-q.quorum:
-		return false, nil // a majority no longer has the token: lost for good
+	if held && time.Since(began) >= ttl-q.margin(ttl) {
+		return false, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
 	}
-	return false, fmt.Errorf("refresh reached %d of %d nodes: %w", ok, len(q.nodes), noQuorum(errs))
+	return held, err // not held: a majority no longer has the token, lost for good
 }
 
 func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
@@ -338,18 +282,10 @@ func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
 	// this release: sent again after a lost reply, it finds its own work.
 	// Nobody else deletes l's token, and it cannot have expired yet.
 	inTime := time.Now().Before(l.ValidUntil())
-	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+	return q.vote(ctx, "release", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
 		v, err := n.Run(ctx, quorumUnlockScript, l.keys, l.token).Int64()
 		return v == 1 || v == 2 && inTime, err
 	})
-	ok, no, errs := tally(res)
-	switch {
-	case ok >= q.quorum:
-		return true, nil
-	case no > len(q.nodes)-q.quorum:
-		return false, nil
-	}
-	return false, fmt.Errorf("release reached %d of %d nodes: %w", ok+no, len(q.nodes), noQuorum(errs))
 }
 
 func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
@@ -357,24 +293,20 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 		mu   sync.Mutex // protects left
 		left []time.Duration
 	)
-	res := q.each(ctx, func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
+	held, err := q.vote(ctx, "ttl", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
 		v, err := n.Run(ctx, quorumPTTLScript, l.keys, l.token).Int64()
 		if err != nil || v == -3 {
 			return false, err
 		}
 		mu.Lock()
+		defer mu.Unlock()
 		left = append(left, time.Duration(max(v, 0))*time.Millisecond)
-		mu.Unlock()
 		return true, nil
 	})
-	ok, no, errs := tally(res)
-	switch {
-	case ok >= q.quorum:
-		// A majority holds it for as long as its quorum-th longest lease.
-		slices.Sort(left)
-		return left[len(left)-q.quorum], true, nil
-	case no > len(q.nodes)-q.quorum:
-		return 0, false, nil
+	if !held {
+		return 0, false, err
 	}
-	return 0, false, fmt.Errorf("reached %d of %d nodes: %w", ok+no, len(q.nodes), noQuorum(errs))
+	// A majority holds it for as long as its quorum-th longest lease.
+	slices.Sort(left)
+	return left[len(left)-q.quorum], true, nil
 }

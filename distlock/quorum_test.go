@@ -64,7 +64,7 @@ func TestQuorumSurvivesAMinority(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, l.Fence(), "a quorum offers no fencing tokens")
 	for _, c := range clients {
-		require.Equal(t, l.Token(), c.Get(ctx, distlock.DefaultPrefix+"{job}").Val())
+		require.Equal(t, l.Token(), c.Get(ctx, "distlock:{job}").Val())
 	}
 	require.NoError(t, l.Release(ctx))
 
@@ -86,7 +86,7 @@ func TestQuorumSurvivesAMinority(t *testing.T) {
 	require.ErrorIs(t, err, distlock.ErrNoQuorum, "2 of 5 nodes are no majority")
 	require.NotErrorIs(t, err, contend.ErrConflict, "nodes being down is not a held key")
 	for _, c := range clients[3:] {
-		require.Zero(t, c.Exists(ctx, distlock.DefaultPrefix+"{job}").Val(), "the failed attempt left its token behind")
+		require.Zero(t, c.Exists(ctx, "distlock:{job}").Val(), "the failed attempt left its token behind")
 	}
 	err = q.Do(ctx, "job", func(context.Context) error { t.Error("fn ran without a quorum"); return nil })
 	require.ErrorIs(t, err, distlock.ErrNoQuorum)
@@ -106,7 +106,7 @@ func TestQuorumCleansUpAFailedAttempt(t *testing.T) {
 	_, clients, asNodes := nodes(t, 5)
 	q := newQuorum(t, asNodes)
 	ctx := t.Context()
-	key := distlock.DefaultPrefix + "{job}"
+	key := "distlock:{job}"
 	for _, c := range clients[:3] {
 		require.NoError(t, c.Set(ctx, key, "someone-else", time.Minute).Err())
 	}

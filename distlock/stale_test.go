@@ -69,7 +69,7 @@ func staleQuorum(t *testing.T) (old, current *distlock.Lock, clients []*redis.Cl
 	ctx := t.Context()
 	old, err := q.TryObtain(ctx, "job", time.Minute)
 	require.NoError(t, err)
-	key = distlock.DefaultPrefix + "{job}"
+	key = "distlock:{job}"
 	for _, n := range clients {
 		require.NoError(t, n.Del(ctx, key).Err()) // its lease ran out everywhere
 	}

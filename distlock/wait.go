@@ -31,26 +31,26 @@ import (
 func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter, attempt bool, tries int) (l *Lock, err error) {
 	began := time.Now()
 	// Close waits for the wait to end, and for the clean-up it starts.
-	c.cleanups.add()
+	c.cleanups.Add()
 	defer func() {
 		if l == nil {
 			// Whatever w may have in Redis is given up, even though ctx may
 			// have ended: that may be why.
 			c.depart(ctx, key, keys, w)
 		}
-		c.cleanups.done()
+		c.cleanups.Done()
 	}()
-	if err := c.register(w); err != nil {
+	s, err := c.register(w)
+	if err != nil {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
 	defer c.unregister(w.tok)
-	s := c.subscriber()
 	c.awaitSubscription(ctx, s)
 	giveUpBy := began.Add(c.cfg.MaxWait)
 	for attempts := 0; ; {
 		if attempt {
 			if cause := ctxerr.Of(ctx); cause != nil {
-				return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
+				return nil, gaveUp(ctx, c.observer, key, began, tries+attempts, cause)
 			}
 			attempts++
 			if l, err := c.attemptInLine(ctx, key, keys, w, began, tries+attempts, attempts == 1); l != nil || err != nil {
@@ -60,9 +60,9 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 		g, cause := c.sleep(ctx, s, w, attempts, giveUpBy)
 		switch {
 		case cause != nil:
-			return nil, c.gaveUp(ctx, key, began, tries+attempts, cause)
+			return nil, gaveUp(ctx, c.observer, key, began, tries+attempts, cause)
 		case g.fence > 0: // handed over by a release here, already on the line
-			l := newLock(c, key, keys, w.tok, g.fence, w.ttl, c.validity(g.at, w.ttl))
+			l := newLock(c, key, keys, w.tok, g.fence, w.ttl, c.validity(epoch.Add(g.at), w.ttl))
 			l.reportObtained(ctx, began, max(tries+attempts, 1))
 			return l, nil
 		}
@@ -76,10 +76,10 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 // queued. tries counts the attempts so far, this one included; first says
 // whether it is the wait's first.
 func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, w *waiter, began time.Time, tries int, first bool) (*Lock, error) {
-	l, err := c.attempt(ctx, key, keys, w, true)
+	l, err := c.attempt(ctx, key, keys, w)
 	if err != nil {
 		if cause := ctxerr.Of(ctx); cause != nil {
-			return nil, c.gaveUp(ctx, key, began, tries, cause)
+			return nil, gaveUp(ctx, c.observer, key, began, tries, cause)
 		}
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
@@ -136,15 +136,28 @@ func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts i
 }
 
 // gaveUp returns the error of a wait for key that began at began, made
-// attempts and ended for cause, and reports it.
-func (c *Client) gaveUp(ctx context.Context, key string, began time.Time, attempts int, cause error) error {
-	var err error
+// attempts and ended for cause, and reports it to o.
+func gaveUp(ctx context.Context, o contend.Observer, key string, began time.Time, attempts int, cause error) error {
+	err := fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
+		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
 	if errors.Is(cause, contend.ErrClosed) {
 		err = fmt.Errorf("distlock: obtain %q: %w", key, cause)
-	} else {
-		err = fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-			key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
 	}
-	reportMiss(ctx, c.cfg.Observer, contend.EventGaveUp, key, began, attempts, err)
+	reportMiss(ctx, o, contend.EventGaveUp, key, began, attempts, err)
 	return err
+}
+
+// checkObtain checks an obtain's arguments and ctx, and returns ttl in
+// whole milliseconds, as Redis counts.
+func checkObtain(ctx context.Context, key string, ttl time.Duration) (time.Duration, error) {
+	if err := checkKey("obtain", key); err != nil {
+		return 0, err
+	}
+	if err := checkTTL("ttl", ttl); err != nil {
+		return 0, err
+	}
+	if err := ctxerr.Of(ctx); err != nil {
+		return 0, fmt.Errorf("distlock: obtain %q: %w", key, err)
+	}
+	return ttl.Truncate(time.Millisecond), nil
 }

@@ -231,8 +231,12 @@ func TestDeferredWaiterLeavesTheLine(t *testing.T) {
 // TryObtain, which never waits, reports ctx's error only.
 func TestObtainCutShortBeforeWaiting(t *testing.T) {
 	t.Parallel()
+	onBothKinds(t, cutShortBeforeWaiting)
+}
+
+func cutShortBeforeWaiting(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
-	c, proxy := behind(t, rdb, redis.Options{}, distlock.Config{Prefix: prefix})
+	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix})
 	proxy.Blackhole() // the first attempt does not come back before the deadline
 	defer func() { proxy.Heal(); proxy.Reset() }()
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)

@@ -3,7 +3,7 @@
 --   ARGV[1] token, ARGV[2] ttl ms, ARGV[3] '1' to wait, '0' to try once,
 --   ARGV[4] the waiter's channel, ARGV[5] waiter lease ms, ARGV[6] the grant
 --   lease ms the waiter asks for
--- Returns {1, fence} when the caller holds the lock, {0, 0} when not. Sent
+-- Returns the fencing token when the caller holds the lock, 0 when not. Sent
 -- again after a lost reply, it finds its own hold and answers as the first
 -- run did.
 local token, ttl = ARGV[1], ARGV[2]
@@ -13,7 +13,7 @@ if cur == token .. '|g' then
   -- with the next fencing token.
   dequeue(token)
   redis.call('SET', KEYS[1], token, 'PX', ttl)
-  return {1, next_fence()}
+  return next_fence()
 end
 if holds(cur, token) then
   -- A release of the waiter's own process handed it over (its wake may be
@@ -23,7 +23,7 @@ if holds(cur, token) then
   -- to a token that holds it already, or that has let it go.
   dequeue(token)
   redis.call('PEXPIRE', KEYS[1], ttl)
-  return {1, fence()}
+  return fence()
 end
 if not cur then
   -- Free, usually because nobody wanted it; but if a holder's lease ran
@@ -34,11 +34,11 @@ if not cur then
   end
   if r ~= 'granted' then
     redis.call('SET', KEYS[1], token, 'PX', ttl)
-    return {1, next_fence()}
+    return next_fence()
   end
 end
 if ARGV[3] == '1' then
   local lease = tonumber(ARGV[5])
   enqueue(token, waiter_entry(now_ms() + lease, ARGV[6], ttl, ARGV[4]), lease, cur)
 end
-return {0, 0}
+return 0

@@ -10,7 +10,10 @@
 // once. The peers wait the way they are usually configured to: by polling,
 // every millisecond here (bsm/redislock with LinearBackoff(1ms),
 // go-redsync/redsync with a 1ms retry delay, and "raw-poll", the bare SET NX
-// PX loop). distlock waits in a queue and is handed the lock by the release.
+// PX loop). distlock waits in a queue and is handed the lock by the release;
+// distlock-ctxtimeout is distlock on a go-redis client built with
+// ContextTimeoutEnabled, whose calls distlock sends on the caller's
+// goroutine instead of its own (see the package doc).
 // All run in this one process against one Redis (see internal/testserver),
 // one after the other; other load on the machine shows in the figures.
 package main
@@ -92,7 +95,19 @@ var impls = []impl{
 	}},
 	{"distlock", func(rdb *redis.Client, prefix string) (locker, error) {
 		c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix})
-		return distlockLocker{c}, err
+		return distlockLocker{c: c}, err
+	}},
+	// distlock on a go-redis client that ends calls by their ctx's
+	// deadline itself: its calls stay on the caller's goroutine.
+	{"distlock-ctxtimeout", func(rdb *redis.Client, prefix string) (locker, error) {
+		opts := *rdb.Options()
+		opts.ContextTimeoutEnabled = true
+		own := redis.NewClient(&opts)
+		c, err := distlock.NewClient(own, distlock.Config{Prefix: prefix})
+		if err != nil {
+			own.Close()
+		}
+		return distlockLocker{c: c, own: own}, err
 	}},
 }
 
@@ -291,7 +306,10 @@ func (r redsyncLocker) lock(ctx context.Context, key string) (func(context.Conte
 
 func (redsyncLocker) close(context.Context) error { return nil }
 
-type distlockLocker struct{ c *distlock.Client }
+type distlockLocker struct {
+	c   *distlock.Client
+	own *redis.Client // the Redis client made for c, if any: closed with it
+}
 
 func (d distlockLocker) lock(ctx context.Context, key string) (func(context.Context) error, error) {
 	l, err := d.c.Obtain(ctx, key, ttl)
@@ -301,4 +319,10 @@ func (d distlockLocker) lock(ctx context.Context, key string) (func(context.Cont
 	return l.Release, nil
 }
 
-func (d distlockLocker) close(ctx context.Context) error { return d.c.Close(ctx) }
+func (d distlockLocker) close(ctx context.Context) error {
+	err := d.c.Close(ctx)
+	if d.own != nil {
+		err = errors.Join(err, d.own.Close())
+	}
+	return err
+}

@@ -17,7 +17,7 @@ func TestRun(t *testing.T) {
 	var out strings.Builder
 	require.NoError(t, run(t.Context(), &out, 100*time.Millisecond, []int{1, 8}))
 	t.Log("\n" + out.String())
-	for _, name := range []string{"raw-poll", "bsm/redislock", "redsync", "distlock"} {
+	for _, name := range []string{"raw-poll", "bsm/redislock", "redsync", "distlock", "distlock-ctxtimeout"} {
 		require.Contains(t, out.String(), name)
 	}
 	require.NotContains(t, out.String(), "first error")

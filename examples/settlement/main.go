@@ -167,9 +167,9 @@ func startInstance(name, dbURL, redisURL, prefix string, period time.Duration, o
 	}
 	rdb := redis.NewClient(opts)
 	// The lease is one period: a crashed instance delays the next period's
-	// run, never skips it. FailFast: an instance that finds the job running
+	// run, never skips it. NoWait: an instance that finds the job running
 	// skips the period rather than queueing to run it again.
-	locks, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, TTL: period, FailFast: true, Observer: obs})
+	locks, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix, TTL: period, NoWait: true, Observer: obs})
 	if err != nil {
 		rdb.Close()
 		db.Close()

@@ -51,9 +51,8 @@ type Timers struct {
 	mu      sync.Mutex
 	queue   holdQueue // every hold not yet lost or ended, by when fire must next look at it
 	timer   *time.Timer
-	at      time.Time     // when timer fires; zero while it is stopped
-	running int           // refresh goroutines started and not yet ended
-	idle    chan struct{} // closed when running drops to zero; nil until a Wait needs it
+	at      time.Time // when timer fires; zero while it is stopped
+	running Group     // refresh goroutines started and not yet ended
 }
 
 // A Hold refreshes one lease from its owner's [Timers]: no goroutine waits
@@ -151,21 +150,54 @@ func (h *Hold) Stop() error {
 // stops its holds and then calls Wait, so that no goroutine of t outlives the
 // owner; a hold not yet stopped may start a refresh after Wait returned.
 func (t *Timers) Wait(ctx context.Context) error {
-	t.mu.Lock()
-	if t.running == 0 {
-		t.mu.Unlock()
+	if err := t.running.Wait(ctx); err != nil {
+		return fmt.Errorf("keepalive: wait for refreshes under way: %w", err)
+	}
+	return nil
+}
+
+// A Group counts goroutines under way, for an owner's Close to wait for.
+// Unlike a sync.WaitGroup, it may be added to while it is waited for, also
+// from zero. The zero value is ready.
+type Group struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed when n drops to 0; nil while it is 0
+}
+
+// Add counts one more goroutine under way.
+func (g *Group) Add() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n++; g.idle == nil {
+		g.idle = make(chan struct{})
+	}
+}
+
+// Done counts one out.
+func (g *Group) Done() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.n--; g.n == 0 {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// Wait waits until none is under way, or until ctx ends, when it returns
+// ctx's cause.
+func (g *Group) Wait(ctx context.Context) error {
+	g.mu.Lock()
+	idle := g.idle
+	g.mu.Unlock()
+	if idle == nil {
 		return nil
 	}
-	if t.idle == nil {
-		t.idle = make(chan struct{})
-	}
-	idle := t.idle
-	t.mu.Unlock()
 	select {
 	case <-idle:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("keepalive: wait for refreshes under way: %w", context.Cause(ctx))
+		return context.Cause(ctx)
 	}
 }
 
@@ -201,7 +233,7 @@ func (t *Timers) fire() {
 			// lease can no longer be proven held.
 			ctx, cancel := context.WithDeadline(context.WithoutCancel(h.ctx), h.valid)
 			h.refreshing = true
-			t.running++
+			t.running.Add()
 			refreshes = append(refreshes, refreshing{h, ctx, cancel})
 		}
 	}
@@ -244,7 +276,7 @@ func (r refreshing) run() {
 
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	defer t.ended()
+	defer t.running.Done()
 	h.refreshing = false
 	if h.index < 0 {
 		return
@@ -325,16 +357,6 @@ func (t *Timers) requeue(h *Hold, next time.Time) {
 	heap.Fix(&t.queue, h.index)
 	if t.at.IsZero() || h.due.Before(t.at) {
 		t.arm(h.due)
-	}
-}
-
-// ended counts a refresh goroutine out, and lets Wait return when it was
-// the last. Called with t.mu held.
-func (t *Timers) ended() {
-	t.running--
-	if t.running == 0 && t.idle != nil {
-		close(t.idle)
-		t.idle = nil
 	}
 }
 

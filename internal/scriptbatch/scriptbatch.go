@@ -17,8 +17,13 @@
 // when the reply arrives or ctx ends, whichever comes first. An abandoned
 // call may still run on the server: its caller must treat the outcome as
 // unknown. [Sender.Close] waits for abandoned calls to end. A client that
-// honours ctx deadlines ([HonoursDeadlines]) ends such a call by itself,
-// and its calls run on the caller's goroutine, which costs less.
+// honours ctx deadlines ([HonoursDeadlines]) ends such a call by itself: a
+// call whose ctx has a deadline runs on the caller's goroutine, which
+// costs less. A ctx that can be cancelled but has no deadline still gets a
+// goroutine of the Sender's, since go-redis sees only deadlines, not
+// cancellation. Batches (pipelines) always run on the Sender's goroutines,
+// for callers with different deadlines, who wait for the reply or their
+// ctx, whichever comes first.
 package scriptbatch
 
 import (
@@ -28,6 +33,7 @@ import (
 	"math"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -61,14 +67,27 @@ func Limit(rdb any) int {
 	return max(n, 2)
 }
 
-// HonoursDeadlines reports whether rdb ends a call when its ctx's deadline
-// passes: a go-redis client built with ContextTimeoutEnabled.
+// HonoursDeadlines reports whether rdb ends a call by its ctx's deadline,
+// whatever the network does: a go-redis *redis.Client (also one made by
+// NewFailoverClient or NewUniversalClient), *redis.Ring or
+// *redis.ClusterClient built with ContextTimeoutEnabled, whose read and
+// write deadlines are not turned off (ReadTimeout and WriteTimeout other
+// than -2). A ClusterClient also needs DisableRoutingPolicies and not
+// ReadOnly: otherwise it looks up the server's command table, until that
+// first succeeds, on a clock of its own (5s), not ctx's. Any other client,
+// a wrapper of one of these too, counts as one that does not.
 func HonoursDeadlines(rdb any) bool {
-	switch o := rdb.(type) {
-	case interface{ Options() *redis.Options }:
-		return o.Options().ContextTimeoutEnabled
-	case interface{ Options() *redis.ClusterOptions }:
-		return o.Options().ContextTimeoutEnabled
+	switch c := rdb.(type) {
+	case *redis.Client:
+		o := c.Options() // its timeouts normalised: -1 is "no deadline calls"
+		return o.ContextTimeoutEnabled && o.ReadTimeout >= 0 && o.WriteTimeout >= 0
+	case *redis.Ring:
+		o := c.Options() // as given: -2 is "no deadline calls"
+		return o.ContextTimeoutEnabled && o.ReadTimeout != -2 && o.WriteTimeout != -2
+	case *redis.ClusterClient:
+		o := c.Options() // -1 normalised to 0; -2 kept
+		return o.ContextTimeoutEnabled && o.ReadTimeout >= 0 && o.WriteTimeout >= 0 &&
+			o.DisableRoutingPolicies && !o.ReadOnly
 	}
 	return false
 }
@@ -115,6 +134,7 @@ type call struct {
 	args   []any
 	cmd    *redis.Cmd    // set before done is closed
 	done   chan struct{} // closed when cmd is set
+	alone  [1]*call      // the batch of this call alone, without an allocation of its own
 }
 
 // Run runs script and returns its reply, or, when ctx ends first, an error
@@ -144,17 +164,27 @@ func (s *Sender) Start(ctx context.Context, script *redis.Script, keys []string,
 	}
 	s.sending++
 	s.mu.Unlock()
-	if ctx.Done() == nil || s.inline {
-		// Nothing can cut the wait short, or the client will: send it on
-		// this goroutine.
+	if deadline, bounded := ctx.Deadline(); ctx.Done() == nil || s.inline && bounded {
+		// Nothing can cut the wait short, or the client ends it by ctx's
+		// deadline: send it on this goroutine.
 		s.send([]*call{cl})
 		if next := s.next(); next != nil {
 			s.start(next)
 		}
+		if err := cl.cmd.Err(); err != nil && bounded && !time.Now().Before(deadline) {
+			// The same error as a call abandoned when ctx ended. The
+			// socket's deadline may pass before ctx's timer has fired.
+			cause := context.Cause(ctx)
+			if cause == nil {
+				cause = context.DeadlineExceeded
+			}
+			cl.cmd.SetErr(fmt.Errorf("%w: %w (%w)", ErrAbandoned, cause, err))
+		}
 		return cl.cmd, ended
 	}
 	cl.done = make(chan struct{})
-	s.start([]*call{cl})
+	cl.alone[0] = cl
+	s.start(cl.alone[:])
 	return cl.wait(), cl.done
 }
 
