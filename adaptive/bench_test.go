@@ -149,7 +149,7 @@ func (w words) impls() []impl {
 			return w.guarded(g, db)
 		}},
 		{"pessimistic", func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {
-			l, err := pessimistic.New(h, pessimistic.Config{Table: "counters", Retry: benchRetry})
+			l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "counters", Retry: benchRetry})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -182,7 +182,7 @@ func (w words) impls() []impl {
 		// committing on a read the locked writer made stale. It costs a second
 		// row version per transaction, which pessimistic alone does not write.
 		{"pessimistic-bump", func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {
-			l, err := pessimistic.New(h, pessimistic.Config{Table: "counters", Retry: benchRetry})
+			l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "counters", Retry: benchRetry})
 			if err != nil {
 				b.Fatal(err)
 			}

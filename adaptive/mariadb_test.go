@@ -139,7 +139,7 @@ func TestLockInsideTheLockedPathReadsTheLatestCommitOnMariaDB(t *testing.T) {
 			return g
 		},
 		func(t testing.TB, env guardtest.Env) contend.Guard {
-			l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "guardtest_counters", KeyColumn: "key"})
+			l, err := pessimistic.NewLocker(env.Handle, pessimistic.LockerConfig{Table: "guardtest_counters", KeyColumn: "key"})
 			require.NoError(t, err)
 			return l
 		})

@@ -18,7 +18,7 @@ import (
 // only when all of fn's writes are committed, and commit none otherwise.
 func TestCarelessNestedLockTellsTheTruth(t *testing.T) {
 	nest := func(t testing.TB, env guardtest.Env) contend.Guard {
-		l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "guardtest_counters", KeyColumn: "key"})
+		l, err := pessimistic.NewLocker(env.Handle, pessimistic.LockerConfig{Table: "guardtest_counters", KeyColumn: "key"})
 		require.NoError(t, err)
 		return l
 	}

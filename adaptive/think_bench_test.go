@@ -125,7 +125,7 @@ func (w words) thinkImpls(think time.Duration) []impl {
 	}
 	locker := func(noQueue bool) func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {
 		return func(b *testing.B, db *sqlx.DB, h contend.DB, _ *atomic.Int64) op {
-			l, err := pessimistic.New(h, pessimistic.Config{Table: "counters", Retry: benchRetry, NoLocalQueue: noQueue})
+			l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "counters", Retry: benchRetry, NoLocalQueue: noQueue})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	syncatomic "sync/atomic"
 	"time"
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/ctxerr"
+	"github.com/contend/contend/internal/firstuse"
+	"github.com/contend/contend/internal/inflight"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
@@ -18,10 +21,10 @@ import (
 	"github.com/contend/contend/internal/txn"
 )
 
-// ClaimConfig names the table and columns a [Claimer] works on. Names are
+// ClaimerConfig names the table and columns a [Claimer] works on. Names are
 // validated and quoted at construction; keys and tokens are only ever bind
 // parameters.
-type ClaimConfig struct {
+type ClaimerConfig struct {
 	// Table holds one row per key; rows must exist before they are claimed.
 	// It may be schema-qualified ("app.bots"). Required.
 	Table string
@@ -65,11 +68,8 @@ type ClaimConfig struct {
 	Observer contend.Observer
 }
 
-// Defaults of [ClaimConfig].
-const (
-	DefaultLease         = 30 * time.Second
-	DefaultFinishTimeout = txn.DefaultFinishTimeout
-)
+// defaultLease is the default of [ClaimerConfig.Lease].
+const defaultLease = 30 * time.Second
 
 // A Claimer claims keys by filling an owner column where it is empty: one
 // conditional UPDATE, so of any number of concurrent claims on a key, in any
@@ -92,39 +92,55 @@ const (
 // never waits for a lock its own goroutine holds; see [Claimer.Do] for what
 // a claim means inside a transaction.
 //
-// A Claimer is safe for simultaneous use by multiple goroutines. Close
-// releases its prepared statements; it never closes the db it was given.
+// A Claimer is safe for simultaneous use by multiple goroutines. It
+// prepares its statements at its first call (see [NewClaimer]) and owns
+// them, and the goroutines that release claims whose outcome was unknown:
+// [Claimer.Close] waits for those and closes the statements. It never
+// closes the db it was given.
 type Claimer struct {
 	lease  time.Duration // 0 without a lease column
 	finish time.Duration
 	onTx   bool // built on a transaction, where its statements are prepared
 	db     sqldb.DB
-
-	claim   sqldb.Stmt // $1 key, $2 token [, $3 lease µs] → 0 rows: claimed, 1: held, 2: no row
-	release sqldb.Stmt // $1 key, $2 token
-	extend  sqldb.Stmt // $1 key, $2 token, $3 lease µs; nil without a lease column
-	holds   keepalive.Timers
+	table  string // as configured, for messages
+	plan   plan   // the statements to prepare
+	holds  keepalive.Timers
 
 	observer contend.Observer // nil: report nothing
 	tracked  claims           // of Claim and ClaimAs, when observed
 
-	// unsure counts the releases of claims whose outcome is unknown, each
-	// on a goroutine of its own, within finish; Close waits for them.
-	unsure sync.WaitGroup
+	prep  firstuse.Step                // prepares stmts at the first call
+	stmts syncatomic.Pointer[prepared] // nil until prepared; set once
+
+	// unsure runs the releases of claims whose outcome is unknown, each on
+	// a goroutine of its own, within finish; Close waits for them.
+	unsure inflight.Group
+
+	mu          sync.Mutex      // protects the transitions of closed and stmtsClosed
+	closed      syncatomic.Bool // set by Close; read without mu by every call
+	stmtsClosed bool            // the prepared statements were closed
 }
 
 var _ contend.Guard = (*Claimer)(nil)
 
-// NewClaimer validates cfg and prepares the claimer's statements on db: a
-// pool ([*sql.DB], sqlx's DB, a *pgxpool.Pool wrapped by pgxdb.Wrap) or a
-// caller's transaction ([*sql.Tx], sqlx's Tx, a wrapped pgx.Tx). A single
-// connection ([*sql.Conn], a wrapped *pgx.Conn or *pgxpool.Conn) is refused
-// with an error matching [contend.ErrInvalid], as by every SQL guard: it is
-// one server session, where nested calls' transactions would be one; pass
-// the pool it came from. It fails when db is none of these, when a name is not a plain identifier, or when the statements do
-// not prepare (no such table or column; pgx prepares at first use, so there
-// the first claim says so).
-func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, error) {
+// NewClaimer validates cfg and returns a claimer on db: a pool ([*sql.DB],
+// sqlx's DB, a *pgxpool.Pool wrapped by pgxdb.Wrap, a MySQL pool wrapped by
+// mysqldb.Wrap) or a caller's transaction ([*sql.Tx], sqlx's Tx, a wrapped
+// pgx.Tx). A single connection ([*sql.Conn], a wrapped *pgx.Conn or
+// *pgxpool.Conn) is refused with an error matching [contend.ErrInvalid], as
+// by every SQL guard: it is one server session, where nested calls'
+// transactions would be one; pass the pool it came from. It fails, with an
+// error matching [contend.ErrInvalid], when db is none of these, when a
+// name is not a plain identifier, or when a duration is negative.
+//
+// NewClaimer does no I/O. The claimer's first call prepares its statements
+// (on database/sql; pgx prepares and caches each one itself), under that
+// call's ctx: a table or column that does not exist shows in its error.
+// Preparation is remembered once it succeeded; one that failed (ctx ended,
+// the network failed) is made again by the next call. Calls that need the
+// statements while another call prepares them wait for it, each no longer
+// than its own ctx.
+func NewClaimer(db contend.DB, cfg ClaimerConfig) (*Claimer, error) {
 	d, err := sqldb.Open(db)
 	if err != nil {
 		return nil, fmt.Errorf("atomic: %w", err)
@@ -139,13 +155,13 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 		return nil, fmt.Errorf("atomic: lease %v is negative: %w", cfg.Lease, contend.ErrInvalid)
 	}
 	if cfg.Lease == 0 {
-		cfg.Lease = DefaultLease
+		cfg.Lease = defaultLease
 	}
 	if cfg.FinishTimeout < 0 {
 		return nil, fmt.Errorf("atomic: finish timeout %v is negative: %w", cfg.FinishTimeout, contend.ErrInvalid)
 	}
 	if cfg.FinishTimeout == 0 {
-		cfg.FinishTimeout = DefaultFinishTimeout
+		cfg.FinishTimeout = txn.DefaultFinishTimeout
 	}
 	table, err := sqlident.QuoteIn(d.Dialect(), "atomic: table", cfg.Table)
 	if err != nil {
@@ -159,11 +175,27 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 	if err != nil {
 		return nil, err
 	}
-
-	if d.Dialect() == sqldb.MySQL {
-		return newMySQLClaimer(ctx, d, cfg, table, key, owner)
+	lease := ""
+	if cfg.LeaseColumn != "" {
+		if lease, err = sqlident.QuoteIn(d.Dialect(), "atomic: lease column", cfg.LeaseColumn); err != nil {
+			return nil, err
+		}
 	}
+	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, table: cfg.Table, observer: cfg.Observer}
+	if lease != "" {
+		c.lease = cfg.Lease
+	}
+	if d.Dialect() == sqldb.MySQL {
+		c.plan = mysqlPlan(table, key, owner, lease)
+	} else {
+		c.plan = postgresPlan(table, key, owner, lease)
+	}
+	return c, nil
+}
 
+// postgresPlan returns the claimer's statements on PostgreSQL; lease is the
+// quoted lease column, or "" without one.
+func postgresPlan(table, key, owner, lease string) plan {
 	// Plain UPDATEs under READ COMMITTED are enough: of two concurrent claims,
 	// the second waits for the first's row lock and then re-checks its WHERE
 	// against the committed row, where the owner is no longer NULL.
@@ -171,13 +203,7 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 	claimSQL := fmt.Sprintf(`UPDATE %s SET %s = $2 WHERE %s = $1 AND %s`, table, owner, key, free)
 	releaseSQL := fmt.Sprintf(`UPDATE %s SET %s = NULL WHERE %s = $1 AND %s = $2`, table, owner, key, owner)
 	var extendSQL string
-	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, observer: cfg.Observer}
-	if cfg.LeaseColumn != "" {
-		lease, err := sqlident.QuoteIn(d.Dialect(), "atomic: lease column", cfg.LeaseColumn)
-		if err != nil {
-			return nil, err
-		}
-		c.lease = cfg.Lease
+	if lease != "" {
 		// clock_timestamp(), not now(): now() is the start of the
 		// transaction, and a claim or an extension made in a caller's
 		// transaction older than the lease would commit a lease already
@@ -209,50 +235,165 @@ func NewClaimer(ctx context.Context, db contend.DB, cfg ClaimConfig) (*Claimer, 
 		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1 AND %s IS NOT TRUE))`,
 		claimSQL, table, key, free)
 	existsSQL := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`, table, key)
-
-	var claim, exists sqldb.Stmt
-	if err := c.prepare(ctx, cfg.Table, []statement{{&claim, claimSQL}, {&exists, existsSQL}, {&c.release, releaseSQL}, {&c.extend, extendSQL}}); err != nil {
-		closeAll(claim, exists)
-		return nil, err
-	}
-	c.claim = probedClaim{claim: claim, exists: exists, won: 0, unsure: 2}
-	return c, nil
+	return plan{claim: claimSQL, exists: existsSQL, release: releaseSQL, extend: extendSQL, won: 0, unsure: 2}
 }
 
-// statement is one of a claimer's statements, to be prepared into dst; an
-// empty query is one the claimer does without.
-type statement struct {
-	dst   *sqldb.Stmt
-	query string
+// A plan is a claimer's statements, to be prepared at its first call: their
+// text, the order each takes the claimer's arguments in (nil: as passed,
+// key, token and the lease), and the counts of the claim's statement that
+// tell a win (won) and a result it cannot tell (unsure; see probedClaim).
+type plan struct {
+	claim, exists, release, extend string // extend: "" without a lease column
+	claimOrder, extendOrder        []int
+	won, unsure                    int64
 }
 
-// prepare prepares stmts on c's db, or closes what it prepared and fails.
-func (c *Claimer) prepare(ctx context.Context, table string, stmts []statement) error {
-	for _, p := range stmts {
-		if p.query == "" {
+// prepared is a claimer's statements, prepared.
+type prepared struct {
+	claim   sqldb.Stmt // key, token [, lease µs] → 0 rows: claimed, 1: held, 2: no row
+	release sqldb.Stmt // key, token
+	extend  sqldb.Stmt // key, token, lease µs; nil without a lease column
+}
+
+// prepare prepares p's statements on d, or closes what it prepared and
+// fails.
+func (p plan) prepare(ctx context.Context, d sqldb.DB) (*prepared, error) {
+	var claim, exists, release, extend sqldb.Stmt
+	for _, s := range []struct {
+		dst   *sqldb.Stmt
+		query string
+	}{{&claim, p.claim}, {&exists, p.exists}, {&release, p.release}, {&extend, p.extend}} {
+		if s.query == "" {
 			continue
 		}
 		var err error
-		if *p.dst, err = c.db.Prepare(ctx, p.query); err != nil {
-			c.Close()
-			return fmt.Errorf("atomic: prepare claimer on %s: %w", table, err)
+		if *s.dst, err = d.Prepare(ctx, s.query); err != nil {
+			closeAll(claim, exists, release, extend)
+			return nil, err
 		}
 	}
-	return nil
+	st := &prepared{
+		claim:   probedClaim{claim: inOrder(claim, p.claimOrder), exists: exists, won: p.won, unsure: p.unsure},
+		release: release,
+	}
+	if extend != nil {
+		st.extend = inOrder(extend, p.extendOrder)
+	}
+	return st, nil
 }
 
-// Close waits for the releases of claims whose outcome was unknown (see
-// [Claimer.Claim]), each at most [ClaimConfig.FinishTimeout], then releases
-// the prepared statements. The Claimer must not be used after.
-func (c *Claimer) Close() error {
-	c.unsure.Wait()
+func (st *prepared) close() error {
 	var errs []error
-	for _, s := range []sqldb.Stmt{c.claim, c.release, c.extend} {
+	for _, s := range []sqldb.Stmt{st.claim, st.release, st.extend} {
 		if s != nil {
 			errs = append(errs, s.Close())
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// statements returns the claimer's statements, preparing them first at its
+// first call: under ctx, watched as a statement is (txn.Watch), once. It
+// does not look at Close: a release Close waits for runs after it.
+func (c *Claimer) statements(ctx context.Context) (*prepared, error) {
+	if st := c.stmts.Load(); st != nil {
+		return st, nil
+	}
+	if err := c.prep.Pass(ctx, "atomic: prepare claimer on "+c.table, c.prepare, final); err != nil {
+		return nil, err
+	}
+	return c.stmts.Load(), nil
+}
+
+// final reports whether a preparation's error holds for every caller, who
+// then takes it rather than prepare again.
+func final(err error) bool {
+	return errors.Is(err, contend.ErrInvalid) || errors.Is(err, contend.ErrClosed)
+}
+
+// prepare prepares the claimer's statements into c.stmts. The preparation
+// is watched: on a driver that does not end it with ctx (lib/pq), a silent
+// network would otherwise hold the call past ctx, so it is left to finish
+// alone, and closes what it prepared once it does.
+func (c *Claimer) prepare(ctx context.Context) error {
+	var (
+		mu        sync.Mutex
+		abandoned bool      // protected by mu
+		got       *prepared // protected by mu
+	)
+	err := txn.Watch(ctx, c.db, func() error {
+		st, err := c.plan.prepare(ctx, c.db)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if abandoned {
+			_ = st.close()
+			return nil
+		}
+		got = st
+		return nil
+	})
+	mu.Lock()
+	abandoned, st := true, got
+	mu.Unlock()
+	if err != nil {
+		if st != nil {
+			_ = st.close()
+		}
+		return fmt.Errorf("atomic: prepare claimer on %s: %w", c.table, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed.Load() {
+		_ = st.close()
+		return c.closedErr()
+	}
+	c.stmts.Store(st)
+	return nil
+}
+
+// Close waits for the releases of claims whose outcome was unknown (see
+// [Claimer.Claim]), each at most [ClaimerConfig.FinishTimeout], then closes
+// the prepared statements. When ctx ends first, Close returns an error
+// matching ctx's: while releases are under way it leaves the statements
+// open, as they need them, for a later Close to close; a statement given
+// up on that still runs (lib/pq on a silent network) keeps its statement
+// open until it returns, and it is then closed. Close does not wait for calls
+// under way: call it once they returned. Calls after Close return an error
+// matching [contend.ErrClosed]. Close may be called more than once.
+func (c *Claimer) Close(ctx context.Context) error {
+	c.mu.Lock()
+	c.closed.Store(true)
+	c.mu.Unlock()
+	if err := c.unsure.Wait(ctx); err != nil {
+		return fmt.Errorf("atomic: close claimer on %s: releases of claims whose outcome was unknown: %w", c.table, err)
+	}
+	if err := c.holds.Wait(ctx); err != nil {
+		return fmt.Errorf("atomic: close claimer on %s: %w", c.table, err)
+	}
+	c.mu.Lock()
+	st := c.stmts.Load()
+	if st == nil || c.stmtsClosed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.stmtsClosed = true
+	c.mu.Unlock()
+	// database/sql closes a statement once no call runs on it: one given
+	// up on (lib/pq on a silent network) may run until its connection
+	// breaks. So the closing is watched as a statement is, and left to
+	// finish alone when ctx ends.
+	if err := txn.Watch(ctx, c.db, st.close); err != nil {
+		return fmt.Errorf("atomic: close claimer on %s: %w", c.table, err)
+	}
+	return nil
+}
+
+// closedErr is the error of a call after Close.
+func (c *Claimer) closedErr() error {
+	return fmt.Errorf("atomic: claimer on %s: %w", c.table, contend.ErrClosed)
 }
 
 // Claim claims key with a fresh random token and returns the token, which the
@@ -265,7 +406,7 @@ func (c *Claimer) Close() error {
 // connection broke, after the statement was sent: the server may have
 // applied it and the answer been lost), it returns an error that says so,
 // and releases its token itself, in the background, within
-// [ClaimConfig.FinishTimeout] (Close waits for it): a release clears only
+// [ClaimerConfig.FinishTimeout] (Close waits for it): a release clears only
 // the claim of that token, so it is safe whether or not the claim was made.
 // Only if that release fails too, or the claim's statement reaches the
 // server after it (a network that delayed it rather than lost it), may the
@@ -289,6 +430,9 @@ func (c *Claimer) ClaimAs(ctx context.Context, key, token string) error {
 	if err := checkKey("claim", key); err != nil {
 		return err
 	}
+	if c.closed.Load() {
+		return c.closedErr()
+	}
 	if token == "" {
 		return fmt.Errorf("atomic: claim %q: empty token: %w", key, contend.ErrInvalid)
 	}
@@ -310,7 +454,11 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 		// Nothing sent, so nothing to release.
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	}
-	n, err := c.run(ctx, c.claim, key, token, c.lease > 0)
+	st, err := c.statements(ctx)
+	if err != nil {
+		return err
+	}
+	n, err := c.run(ctx, st.claim, key, token, c.lease > 0)
 	switch {
 	case err != nil && c.mayHaveClaimed(ctx, err):
 		return c.releaseUnknown(ctx, key, token, err)
@@ -378,6 +526,9 @@ func (c *Claimer) Release(ctx context.Context, key, token string) (released bool
 	if err := checkKey("release", key); err != nil {
 		return false, err
 	}
+	if c.closed.Load() {
+		return false, c.closedErr()
+	}
 	released, err = c.releaseRow(ctx, key, token)
 	if c.observer != nil {
 		if err != nil {
@@ -396,7 +547,10 @@ func (c *Claimer) Release(ctx context.Context, key, token string) (released bool
 
 // releaseRow is Release, reporting nothing.
 func (c *Claimer) releaseRow(ctx context.Context, key, token string) (released bool, err error) {
-	released, err = c.applied(ctx, c.release, key, token, false)
+	st, err := c.statements(ctx)
+	if err == nil {
+		released, err = c.applied(ctx, st.release, key, token, false)
+	}
 	if err != nil {
 		return false, fmt.Errorf("atomic: release %q: %w", key, err)
 	}
@@ -410,7 +564,10 @@ func (c *Claimer) Extend(ctx context.Context, key, token string) (extended bool,
 	if err := checkKey("extend", key); err != nil {
 		return false, err
 	}
-	if c.extend == nil {
+	if c.closed.Load() {
+		return false, c.closedErr()
+	}
+	if c.lease == 0 {
 		return false, fmt.Errorf("atomic: extend %q: claimer has no lease column: %w", key, contend.ErrInvalid)
 	}
 	extended, err = c.extendRow(ctx, key, token)
@@ -426,7 +583,10 @@ func (c *Claimer) Extend(ctx context.Context, key, token string) (extended bool,
 
 // extendRow is Extend, reporting nothing.
 func (c *Claimer) extendRow(ctx context.Context, key, token string) (extended bool, err error) {
-	extended, err = c.applied(ctx, c.extend, key, token, true)
+	st, err := c.statements(ctx)
+	if err == nil {
+		extended, err = c.applied(ctx, st.extend, key, token, true)
+	}
 	if err != nil {
 		return false, fmt.Errorf("atomic: extend %q: %w", key, err)
 	}
@@ -442,7 +602,7 @@ func (c *Claimer) extendRow(ctx context.Context, key, token string) (extended bo
 // cancelled with cause [contend.ErrLockLost] and Do's error matches it too.
 //
 // The release waits for the server's answer at most
-// [ClaimConfig.FinishTimeout], even after ctx has ended.
+// [ClaimerConfig.FinishTimeout], even after ctx has ended.
 //
 // Inside a transaction (the Claimer was built on one, or ctx carries a SQL
 // guard's), the claim, fn and the release all run in it: the claim is the
@@ -456,6 +616,9 @@ func (c *Claimer) Do(ctx context.Context, key string, fn func(ctx context.Contex
 	}
 	if fn == nil {
 		return fmt.Errorf("atomic: do %q: nil fn: %w", key, contend.ErrInvalid)
+	}
+	if c.closed.Load() {
+		return c.closedErr()
 	}
 	outer, err := c.db.Outer(ctx)
 	if err != nil {

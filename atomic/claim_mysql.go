@@ -6,10 +6,9 @@ import (
 	"fmt"
 
 	"github.com/contend/contend/internal/sqldb"
-	"github.com/contend/contend/internal/sqlident"
 )
 
-// newMySQLClaimer is NewClaimer on MySQL and MariaDB, whose statements
+// mysqlPlan is postgresPlan on MySQL and MariaDB, whose statements
 // differ from PostgreSQL's in three ways. Placeholders bind in the order
 // they appear, so each statement takes the claimer's arguments (key, token,
 // lease µs) through an order of its own. There is no UPDATE ... RETURNING
@@ -24,20 +23,14 @@ import (
 // after waiting for the row lock of a concurrent claim, so the second of two
 // claims finds the owner set and matches nothing. The driver must report
 // rows matched (clientFoundRows), which mysqldb.Wrap checks.
-func newMySQLClaimer(ctx context.Context, d sqldb.DB, cfg ClaimConfig, table, key, owner string) (*Claimer, error) {
-	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, observer: cfg.Observer}
+func mysqlPlan(table, key, owner, lease string) plan {
 	var (
 		claimSQL   = fmt.Sprintf("UPDATE %s SET %s = ? WHERE %s = ? AND %s IS NULL", table, owner, key, owner)
 		claimOrder = []int{argToken, argKey}
 		releaseSQL = fmt.Sprintf("UPDATE %s SET %s = NULL WHERE %s = ? AND %s = ?", table, owner, key, owner)
 		extendSQL  string
 	)
-	if cfg.LeaseColumn != "" {
-		lease, err := sqlident.QuoteIn(d.Dialect(), "atomic: lease column", cfg.LeaseColumn)
-		if err != nil {
-			return nil, err
-		}
-		c.lease = cfg.Lease
+	if lease != "" {
 		deadline := "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"
 		claimSQL = fmt.Sprintf("UPDATE %s SET %s = ?, %s = %s WHERE %s = ? AND (%s IS NULL OR %s < UTC_TIMESTAMP(6))",
 			table, owner, lease, deadline, key, owner, lease)
@@ -48,18 +41,9 @@ func newMySQLClaimer(ctx context.Context, d sqldb.DB, cfg ClaimConfig, table, ke
 			table, lease, deadline, key, owner, lease)
 	}
 	existsSQL := fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE %s = ?)", table, key)
-
-	var update, exists, release, extend sqldb.Stmt
-	if err := c.prepare(ctx, cfg.Table, []statement{{&update, claimSQL}, {&exists, existsSQL}, {&release, releaseSQL}, {&extend, extendSQL}}); err != nil {
-		closeAll(update, exists, release, extend)
-		return nil, err
-	}
-	c.claim = probedClaim{claim: ordered{update, claimOrder}, exists: exists, won: 1, unsure: 0}
-	c.release = release // key, token: the order the claimer passes them in
-	if extend != nil {
-		c.extend = ordered{extend, []int{argLease, argKey, argToken}}
-	}
-	return c, nil
+	// The release takes key, token: the order the claimer passes them in.
+	return plan{claim: claimSQL, exists: existsSQL, release: releaseSQL, extend: extendSQL,
+		claimOrder: claimOrder, extendOrder: []int{argLease, argKey, argToken}, won: 1, unsure: 0}
 }
 
 // The positions of the claimer's arguments, as claimRow, releaseRow and
@@ -69,6 +53,15 @@ const (
 	argToken
 	argLease
 )
+
+// inOrder returns s taking the claimer's arguments in order, or s itself
+// when order is nil.
+func inOrder(s sqldb.Stmt, order []int) sqldb.Stmt {
+	if order == nil {
+		return s
+	}
+	return ordered{s, order}
+}
 
 // ordered is a statement whose placeholders take the claimer's arguments
 // in order.

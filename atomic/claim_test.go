@@ -28,15 +28,15 @@ func bots(t testing.TB, db *sqlx.DB, ids ...string) {
 }
 
 var (
-	plain  = atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id"}
-	leased = atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: 300 * time.Millisecond}
+	plain  = atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id"}
+	leased = atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: 300 * time.Millisecond}
 )
 
-func claimer(t testing.TB, db contend.DB, cfg atomic.ClaimConfig) *atomic.Claimer {
+func claimer(t testing.TB, db contend.DB, cfg atomic.ClaimerConfig) *atomic.Claimer {
 	t.Helper()
-	c, err := atomic.NewClaimer(t.Context(), db, cfg)
+	c, err := atomic.NewClaimer(db, cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
 	return c
 }
 
@@ -50,16 +50,16 @@ func ownerOf(t testing.TB, db *sqlx.DB, id string) *string {
 // longLeased is the leased configuration of the conformance suites: its lease
 // is long enough that a loaded machine's slow extension does not count as a
 // lost claim. TestDoExtendsTheLease covers short ones.
-var longLeased = atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: 3 * time.Second}
+var longLeased = atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: 3 * time.Second}
 
 // claimerSuite runs the Guard contract against a claimer of cfg on driver's
 // server, on a bots table that makeBots creates with a row per key.
-func claimerSuite(t *testing.T, driver string, makeBots func(testing.TB, *sqlx.DB, ...string), cfg atomic.ClaimConfig) {
+func claimerSuite(t *testing.T, driver string, makeBots func(testing.TB, *sqlx.DB, ...string), cfg atomic.ClaimerConfig) {
 	guardtest.Run(t, guardtest.Suite{
 		Driver: driver,
 		Setup:  func(t testing.TB, env guardtest.Env, keys []string) { makeBots(t, env.DB, keys...) },
 		NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
-			return atomic.NewClaimer(context.Background(), db, cfg)
+			return atomic.NewClaimer(db, cfg)
 		},
 		FailFast:  true,
 		Exclusive: true,
@@ -67,7 +67,7 @@ func claimerSuite(t *testing.T, driver string, makeBots func(testing.TB, *sqlx.D
 }
 
 func TestClaimerIsAGuard(t *testing.T) {
-	configs := map[string]atomic.ClaimConfig{"plain": plain, "leased": longLeased}
+	configs := map[string]atomic.ClaimerConfig{"plain": plain, "leased": longLeased}
 	// Each driver once, each configuration on both code paths: database/sql
 	// (lib/pq plain, pgx's stdlib leased) and pgx native (leased, the
 	// configuration with the most statements; TestClaimUnderContention runs
@@ -160,7 +160,7 @@ func TestExpiredLeaseCanBeTakenOver(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
 			bots(t, db, "bot")
-			c := claimer(t, db, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: time.Hour})
+			c := claimer(t, db, atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: time.Hour})
 			ctx := t.Context()
 
 			old, err := c.Claim(ctx, "bot")
@@ -300,7 +300,7 @@ func TestNewClaimerRefusesBadInput(t *testing.T) {
 	db := testserver.DB(t, "postgres")
 	bots(t, db)
 	ctx := t.Context()
-	for name, cfg := range map[string]atomic.ClaimConfig{
+	for name, cfg := range map[string]atomic.ClaimerConfig{
 		"no table":          {},
 		"injected table":    {Table: "bots; DROP TABLE x", OwnerColumn: "engine_id"},
 		"quoted column":     {Table: "bots", OwnerColumn: `engine_id" = NULL --`},
@@ -313,19 +313,24 @@ func TestNewClaimerRefusesBadInput(t *testing.T) {
 		"non-ascii":         {Table: "bötс", OwnerColumn: "engine_id"},
 		"empty owner (dot)": {Table: "bots", OwnerColumn: "."},
 	} {
-		_, err := atomic.NewClaimer(ctx, db, cfg)
+		_, err := atomic.NewClaimer(db, cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
 	}
-	_, err := atomic.NewClaimer(ctx, nil, plain)
+	_, err := atomic.NewClaimer(nil, plain)
 	require.ErrorIs(t, err, contend.ErrInvalid)
 
-	// Well-formed names that do not exist fail at construction, not at the
-	// first claim.
-	_, err = atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "nosuchtable"})
-	require.Error(t, err)
-	require.ErrorContains(t, err, "nosuchtable")
-	_, err = atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "bots", OwnerColumn: "nosuchcolumn"})
-	require.Error(t, err)
+	// Well-formed names that do not exist: construction does no I/O, so
+	// the first call says so, and so does every later one (a failed
+	// preparation is not remembered).
+	for _, cfg := range []atomic.ClaimerConfig{{Table: "nosuchtable"}, {Table: "bots", OwnerColumn: "nosuchcolumn"}} {
+		c := claimer(t, db, cfg)
+		for range 2 {
+			_, err = c.Claim(ctx, "bot")
+			require.Error(t, err)
+			require.NotErrorIs(t, err, contend.ErrConflict)
+			require.ErrorContains(t, err, "prepare claimer on "+cfg.Table)
+		}
+	}
 
 	// The injection attempt reached nothing.
 	var n int

@@ -22,19 +22,24 @@
 // reads several rows or tables needs a transaction (package pessimistic or
 // optimistic); work outside the database needs a lease (package distlock). A
 // claim, unlike a lock, is not undone by time: if its release is lost, it stays
-// until a lease column lets it expire (see [ClaimConfig.LeaseColumn]).
+// until a lease column lets it expire (see [ClaimerConfig.LeaseColumn]).
 //
 // Inside a transaction (fn of a SQL guard, found in ctx), a Claimer's
 // statements join it, so a claim nested in a row lock's fn never waits for
 // a lock of its own goroutine. A call returns within ctx's deadline plus
-// 250ms for a statement ctx cut short (plus [ClaimConfig.FinishTimeout] for
+// 250ms for a statement ctx cut short (plus [ClaimerConfig.FinishTimeout] for
 // the release [Claimer.Do] makes after fn, and 5s for the rollback of a
 // transaction [UpdateSelect] began), under both drivers, also when
 // the network goes silent; a statement given up on may still have been
 // applied; [UpdateReturning] and [UpdateSelect] write nothing into the
 // caller's variables once they have returned.
 //
-// [ClaimConfig.Observer] hears, as a [contend.Event] of strategy "atomic",
+// [NewClaimer] does no I/O: a Claimer prepares its statements at its first
+// call, under that call's ctx, and owns them, and the goroutines that
+// release claims whose outcome was unknown, until [Claimer.Close]. [Update]
+// and its kin hold nothing.
+//
+// [ClaimerConfig.Observer] hears, as a [contend.Event] of strategy "atomic",
 // every claim made (with how long it took) or found held, and the end of
 // every claim, released or lost, with how long it was held; [Update] has no
 // configuration and reports nothing.

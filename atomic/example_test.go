@@ -46,11 +46,11 @@ func ExampleClaimer_Claim() {
 		INSERT INTO bots VALUES ('bot-1', NULL)`)
 	defer done()
 	ctx := context.Background()
-	claimer, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id"})
+	claimer, err := atomic.NewClaimer(db, atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer claimer.Close()
+	defer claimer.Close(ctx)
 
 	engineID, err := claimer.Claim(ctx, "bot-1") // the first click
 	fmt.Println("first start:", err == nil)
@@ -72,11 +72,11 @@ func ExampleClaimer_Do() {
 		INSERT INTO jobs VALUES ('nightly-report', NULL)`)
 	defer done()
 	ctx := context.Background()
-	claimer, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "jobs"})
+	claimer, err := atomic.NewClaimer(db, atomic.ClaimerConfig{Table: "jobs"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer claimer.Close()
+	defer claimer.Close(ctx)
 
 	var g contend.Guard = claimer
 	err = g.Do(ctx, "nightly-report", func(ctx context.Context) error {

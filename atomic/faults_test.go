@@ -36,11 +36,12 @@ func TestClaimerUnderFaults(t *testing.T) {
 	t.Parallel()
 	const lease = time.Second
 	txntest.Run(t, txntest.Subject{Lease: lease, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
-		c, err := atomic.NewClaimer(t.Context(), db, atomic.ClaimConfig{
+		c, err := atomic.NewClaimer(db, atomic.ClaimerConfig{
 			Table: txntest.Table, OwnerColumn: "owner", LeaseColumn: "lease", Lease: lease, FinishTimeout: finish,
 		})
+
 		require.NoError(t, err)
-		t.Cleanup(func() { c.Close() })
+		t.Cleanup(func() { require.NoError(t, c.Close(context.Background())) })
 		return func(ctx context.Context, key string, fn txntest.Fn) error {
 			return c.Do(ctx, key, func(ctx context.Context) error { return fn(ctx, testserver.Querier(ctx, db)) })
 		}

@@ -179,7 +179,7 @@ func TestUpdateUnderContentionOnMariaDB(t *testing.T) {
 }
 
 func TestClaimerIsAGuardOnMariaDB(t *testing.T) {
-	for name, cfg := range map[string]atomic.ClaimConfig{"plain": plain, "leased": longLeased} {
+	for name, cfg := range map[string]atomic.ClaimerConfig{"plain": plain, "leased": longLeased} {
 		t.Run(name, func(t *testing.T) { claimerSuite(t, testserver.MariaDBDriver, mariaBots, cfg) })
 	}
 }
@@ -236,7 +236,7 @@ func TestLeaseOnMariaDB(t *testing.T) {
 	// The claimer's sessions are five hours from UTC: a deadline in their
 	// local time would be five hours off.
 	h := testserver.Handle(t, testserver.MariaDBDriver, url+"?time_zone=%27%2B05%3A00%27")
-	c := claimer(t, h, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: time.Hour})
+	c := claimer(t, h, atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: time.Hour})
 	ctx := t.Context()
 
 	old, err := c.Claim(ctx, "bot")
@@ -328,22 +328,23 @@ func TestClaimerQuotesNamesOnMariaDB(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Exec("INSERT INTO `order` (`key`) VALUES ('k')")
 	require.NoError(t, err)
-	c := claimer(t, h, atomic.ClaimConfig{Table: "order", KeyColumn: "key", OwnerColumn: "select", LeaseColumn: "from"})
+	c := claimer(t, h, atomic.ClaimerConfig{Table: "order", KeyColumn: "key", OwnerColumn: "select", LeaseColumn: "from"})
 	require.NoError(t, c.Do(t.Context(), "k", func(context.Context) error { return nil }))
 
 	ctx := t.Context()
-	for name, cfg := range map[string]atomic.ClaimConfig{
+	for name, cfg := range map[string]atomic.ClaimerConfig{
 		"backquote in table":  {Table: "bots`; DROP TABLE products; --", OwnerColumn: "engine_id"},
 		"backquote in column": {Table: "order", OwnerColumn: "select` = NULL, `key"},
 		"double quote":        {Table: `order"`, OwnerColumn: "select"},
 		"three-part name":     {Table: "a.b.order", OwnerColumn: "select"},
 		"negative lease":      {Table: "order", OwnerColumn: "select", LeaseColumn: "from", Lease: -time.Second},
 	} {
-		_, err := atomic.NewClaimer(ctx, h, cfg)
+		_, err := atomic.NewClaimer(h, cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
 	}
-	_, err = atomic.NewClaimer(ctx, h, atomic.ClaimConfig{Table: "nosuchtable"})
-	require.ErrorContains(t, err, "nosuchtable", "a missing table fails at construction")
+	missing := claimer(t, h, atomic.ClaimerConfig{Table: "nosuchtable"})
+	_, err = missing.Claim(ctx, "k")
+	require.ErrorContains(t, err, "nosuchtable", "a missing table fails at the first call")
 	var n int
 	require.NoError(t, db.Get(&n, "SELECT count(*) FROM `order`"), "the injection attempts reached nothing")
 }
@@ -363,7 +364,7 @@ func TestBareMariaDBHandleIsRefused(t *testing.T) {
 	conn, err := db.Conn(ctx)
 	require.NoError(t, err)
 	defer conn.Close()
-	_, err = atomic.NewClaimer(ctx, conn, plain)
+	_, err = atomic.NewClaimer(conn, plain)
 	require.ErrorIs(t, err, contend.ErrInvalid)
 	require.Equal(t, 1, mariaStock(t, db, "p"), "nothing ran")
 

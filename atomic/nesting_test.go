@@ -27,7 +27,7 @@ func TestClaimInsideARowLockJoinsItsTransaction(t *testing.T) {
 			db := testserver.Open(t, driver, url)
 			h := testserver.Handle(t, driver, url)
 			bots(t, db, "b")
-			l, err := pessimistic.New(h, pessimistic.Config{Table: "bots"})
+			l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "bots"})
 			require.NoError(t, err)
 			c := claimer(t, h, leased)
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
@@ -68,7 +68,7 @@ func TestTypedNilDBIsRefused(t *testing.T) {
 		require.ErrorIs(t, err, contend.ErrInvalid)
 		_, err = atomic.UpdateReturning(t.Context(), db, nil, decrement, "p")
 		require.ErrorIs(t, err, contend.ErrInvalid)
-		_, err = atomic.NewClaimer(t.Context(), db, plain)
+		_, err = atomic.NewClaimer(db, plain)
 		require.ErrorIs(t, err, contend.ErrInvalid)
 	})
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/contend/contend"
 )
 
-// What a Claimer reports, and when, is listed at ClaimConfig.Observer.
+// What a Claimer reports, and when, is listed at ClaimerConfig.Observer.
 // Every report is behind a nil check of the Observer: without one, no event
 // is built and no clock is read for it.
 

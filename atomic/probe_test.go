@@ -19,7 +19,7 @@ import (
 func TestClaimOfARowDeletedWhileItWaitedIsNotFound(t *testing.T) {
 	t.Parallel()
 	for _, driver := range testserver.Drivers {
-		for name, cfg := range map[string]atomic.ClaimConfig{"plain": plain, "leased": leased} {
+		for name, cfg := range map[string]atomic.ClaimerConfig{"plain": plain, "leased": leased} {
 			t.Run(driver+"/"+name, func(t *testing.T) {
 				t.Parallel()
 				db := testserver.DB(t, driver)

@@ -33,7 +33,7 @@ func TestClaimWhoseAnswerIsLostIsReleased(t *testing.T) {
 			})
 		},
 	}
-	configs := map[string]atomic.ClaimConfig{
+	configs := map[string]atomic.ClaimerConfig{
 		"plain":  plain,
 		"leased": {Table: "bots", OwnerColumn: "engine_id", LeaseColumn: "lease_until", Lease: time.Minute},
 	}
@@ -58,14 +58,14 @@ func TestClaimWhoseAnswerIsLostIsReleased(t *testing.T) {
 							released <- struct{}{}
 						}
 					})
-					c, err := atomic.NewClaimer(t.Context(), testserver.Handle(t, driver, proxied), cfg)
+					c, err := atomic.NewClaimer(testserver.Handle(t, driver, proxied), cfg)
 					require.NoError(t, err)
 					defer func() {
 						// A statement lib/pq still waits for an answer to
 						// holds its prepared statement open until its
 						// connection breaks.
 						proxy.Reset()
-						require.NoError(t, c.Close())
+						require.NoError(t, c.Close(t.Context()))
 					}()
 
 					proxy.DropReplyTo(key)

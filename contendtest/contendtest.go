@@ -145,13 +145,6 @@ func NewGuard(script ...Outcome) *Guard {
 	return &Guard{script: script}
 }
 
-// Script appends outcomes to the ones not taken yet.
-func (g *Guard) Script(outcomes ...Outcome) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.script = append(g.script, outcomes...)
-}
-
 // Do runs the call's scripted outcome for key and fn.
 func (g *Guard) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if fn == nil {

@@ -125,8 +125,7 @@ func TestLoseLock(t *testing.T) {
 // Keys and Left say what happened.
 func TestScriptOrder(t *testing.T) {
 	t.Parallel()
-	g := contendtest.NewGuard(contendtest.Conflict())
-	g.Script(contendtest.NotFound())
+	g := contendtest.NewGuard(contendtest.Conflict(), contendtest.NotFound())
 	require.Equal(t, 2, g.Left())
 	_, err := call(t.Context(), g, nil)
 	require.ErrorIs(t, err, contend.ErrConflict)
@@ -144,10 +143,11 @@ func TestScriptOrder(t *testing.T) {
 func TestScriptConcurrent(t *testing.T) {
 	t.Parallel()
 	const n = 64
-	g := contendtest.NewGuard()
-	for range n / 2 {
-		g.Script(contendtest.Conflict())
+	script := make([]contendtest.Outcome, n/2)
+	for i := range script {
+		script[i] = contendtest.Conflict()
 	}
+	g := contendtest.NewGuard(script...)
 	errs := contendtest.Race(n, func(i int) error {
 		_, err := call(t.Context(), g, nil)
 		return err

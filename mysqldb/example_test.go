@@ -45,11 +45,11 @@ func ExampleWrap() {
 		fmt.Println("sold:", applied, err)
 	}
 
-	claimer, err := atomic.NewClaimer(ctx, h, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id"})
+	claimer, err := atomic.NewClaimer(h, atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id"})
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer claimer.Close()
+	defer claimer.Close(ctx)
 	err = claimer.Do(ctx, "bot-1", func(ctx context.Context) error {
 		// A double click while the engine starts:
 		err := claimer.Do(ctx, "bot-1", func(context.Context) error { return nil })

@@ -72,7 +72,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 	"weak"
 
@@ -80,7 +79,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/contend/contend"
-	"github.com/contend/contend/internal/ctxerr"
+	"github.com/contend/contend/internal/firstuse"
 	"github.com/contend/contend/internal/sqldb"
 )
 
@@ -101,10 +100,9 @@ const checkTimeout = 5 * time.Second
 // guards refuse it, as on PostgreSQL: it is one server session. A nil h, a pool of another driver, and a handle
 // whose DSN lacks clientFoundRows=true are refused by the strategies with
 // an error matching [contend.ErrInvalid]. Wrap does no I/O and never closes
-// h; nor do the strategies' constructors that take its value, except where
-// they say so (atomic.NewClaimer prepares its statements): the first call
-// that needs the server checks clientFoundRows (see the package doc). The
-// value is safe for simultaneous use by multiple goroutines.
+// h, nor do the strategies' constructors that take its value: the first
+// call that needs the server checks clientFoundRows (see the package doc).
+// The value is safe for simultaneous use by multiple goroutines.
 func Wrap(h contend.DBTX) contend.DB {
 	if sqldb.IsNil(h) {
 		return invalid{fmt.Errorf("mysqldb: nil handle: %w", contend.ErrInvalid)}
@@ -161,61 +159,24 @@ func checkOf(h contend.DBTX) *check {
 	return c.(*check)
 }
 
-// check is the clientFoundRows check of one pool or handle. The first call
-// that needs it makes it, under its own ctx; calls that come meanwhile wait
-// for that one, each no longer than its own ctx, and take its answer, or
-// make the check themselves when it failed for a reason that says nothing
-// of the DSN (the first call's ctx ended, the network failed).
-type check struct {
-	passed atomic.Bool // set once, when the check passed; read without mu
-
-	mu      sync.Mutex
-	running *checkRun // protected by mu; nil when no call makes the check
-}
-
-// checkRun is one making of the check; err is set before done is closed.
-type checkRun struct {
-	done chan struct{}
-	err  error
-}
+// check is the clientFoundRows check of one pool or handle, made at the
+// first call that needs it (see firstuse.Step): a check that failed for a
+// reason that says nothing of the DSN (the first call's ctx ended, the
+// network failed) is made again by the next call.
+type check struct{ step firstuse.Step }
 
 // pass returns nil once the check passed, making it or waiting for it
 // first when it has not.
 func (c *check) pass(ctx context.Context, h contend.DBTX) error {
-	if c.passed.Load() {
+	if c.step.Passed() {
 		return nil
 	}
-	for {
-		c.mu.Lock()
-		if c.passed.Load() {
-			c.mu.Unlock()
-			return nil
-		}
-		r, mine := c.running, c.running == nil
-		if mine {
-			r = &checkRun{done: make(chan struct{})}
-			c.running = r
-		}
-		c.mu.Unlock()
-		if mine {
-			r.err = measure(ctx, h)
-			c.mu.Lock()
-			c.running = nil
-			c.passed.Store(r.err == nil)
-			c.mu.Unlock()
-			close(r.done)
-			return r.err
-		}
-		select {
-		case <-r.done:
-			if r.err == nil || errors.Is(r.err, ErrAffectedRows) {
-				return r.err
-			}
-		case <-ctx.Done():
-			return fmt.Errorf("mysqldb: wait for the check of clientFoundRows: %w", ctxerr.Of(ctx))
-		}
-	}
+	return c.step.Pass(ctx, "mysqldb: check clientFoundRows", func(ctx context.Context) error {
+		return measure(ctx, h)
+	}, isAffectedRows)
 }
+
+func isAffectedRows(err error) bool { return errors.Is(err, ErrAffectedRows) }
 
 // measure checks clientFoundRows on h, within ctx and checkTimeout: a call
 // whose ctx has no deadline must not leave a check hanging on a silent

@@ -68,8 +68,11 @@ func TestWrapRefusesAHandleThatCountsRowsChanged(t *testing.T) {
 	_, err = atomic.Update(ctx, mysqldb.Wrap(db), sameStock, "p")
 	require.ErrorIs(t, err, mysqldb.ErrAffectedRows)
 	require.ErrorIs(t, err, contend.ErrInvalid)
-	_, err = atomic.NewClaimer(ctx, mysqldb.Wrap(db), atomic.ClaimConfig{Table: "products", OwnerColumn: "stock"})
-	require.ErrorIs(t, err, mysqldb.ErrAffectedRows)
+	c, err := atomic.NewClaimer(mysqldb.Wrap(db), atomic.ClaimerConfig{Table: "products", OwnerColumn: "stock"})
+	require.NoError(t, err, "no I/O at construction")
+	_, err = c.Claim(ctx, "p")
+	require.ErrorIs(t, err, mysqldb.ErrAffectedRows, "the first call checks")
+	require.NoError(t, c.Close(ctx))
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback()
@@ -111,9 +114,9 @@ func TestQuerierIsTheGuardsTransaction(t *testing.T) {
 	tx, err := db.BeginTx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback()
-	c, err := atomic.NewClaimer(ctx, mysqldb.Wrap(db), atomic.ClaimConfig{Table: "bots"})
+	c, err := atomic.NewClaimer(mysqldb.Wrap(db), atomic.ClaimerConfig{Table: "bots"})
 	require.NoError(t, err)
-	defer c.Close()
+	defer func() { require.NoError(t, c.Close(ctx)) }()
 	// The claim joins the transaction ctx carries: rolled back, it leaves
 	// nothing behind.
 	err = c.Do(contend.WithQuerier(ctx, tx), "b", func(ctx context.Context) error {

@@ -55,7 +55,7 @@ type Config struct {
 	// begins no transactions and ignores it. Default: 5s.
 	FinishTimeout time.Duration
 	// Observer, when set, hears how every [Store.Update] and [Guard.Do]
-	// goes, as events of strategy "optimistic" keyed by fmt.Sprint(key).
+	// goes, as events of strategy "optimistic" keyed by the key.
 	// Nothing is locked, so nothing is obtained: a call reports
 	//   - Retry for each attempt it lost and will make again (Attempts is
 	//     that attempt; Err matches [contend.ErrConflict] when the version
@@ -75,11 +75,16 @@ type Config struct {
 	Observer contend.Observer
 }
 
-// Defaults of [Config].
-const (
-	DefaultKeyColumn     = "id"
-	DefaultVersionColumn = "version"
-)
+// withDefaults returns c with its zero names set to their defaults.
+func (c Config) withDefaults() Config {
+	if c.KeyColumn == "" {
+		c.KeyColumn = "id"
+	}
+	if c.VersionColumn == "" {
+		c.VersionColumn = "version"
+	}
+	return c
+}
 
 // names is a Config's identifiers, validated and quoted.
 type names struct {
@@ -87,12 +92,7 @@ type names struct {
 }
 
 func (c Config) names(d sqldb.Dialect) (names, error) {
-	if c.KeyColumn == "" {
-		c.KeyColumn = DefaultKeyColumn
-	}
-	if c.VersionColumn == "" {
-		c.VersionColumn = DefaultVersionColumn
-	}
+	c = c.withDefaults()
 	if c.KeyColumn == c.VersionColumn {
 		return names{}, fmt.Errorf("optimistic: key and version are both column %q: %w", c.KeyColumn, contend.ErrInvalid)
 	}

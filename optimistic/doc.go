@@ -58,6 +58,12 @@
 // network never brings). A commit given up on returns an error matching
 // [context.DeadlineExceeded]: it may or may not have been applied.
 //
+// A Store and a Guard hold nothing between calls (no goroutine, no
+// connection, no prepared statement), so they have no Close: what a
+// Guard's call does after its ctx ended, its ROLLBACK, is bounded by
+// [Config.FinishTimeout]. Their constructors do no I/O: a table that does
+// not exist shows in the first call's error.
+//
 // # Limits
 //
 // Retries are the price, and they grow with contention: of n writers that

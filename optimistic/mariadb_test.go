@@ -269,7 +269,7 @@ func TestLockInsideAGuardReadsTheLatestCommitOnMariaDB(t *testing.T) {
 
 // lockerOnCounters is a row Locker on the suite's counters.
 func lockerOnCounters(t testing.TB, env guardtest.Env) contend.Guard {
-	l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "guardtest_counters", KeyColumn: "key"})
+	l, err := pessimistic.NewLocker(env.Handle, pessimistic.LockerConfig{Table: "guardtest_counters", KeyColumn: "key"})
 	require.NoError(t, err)
 	return l
 }

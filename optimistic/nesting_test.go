@@ -27,7 +27,7 @@ func TestGuardInsideARowLockJoinsItsTransaction(t *testing.T) {
 			db := testserver.Open(t, driver, url)
 			h := testserver.Handle(t, driver, url)
 			accounts(t, db, "a")
-			l, err := pessimistic.New(h, pessimistic.Config{Table: "accounts"})
+			l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "accounts"})
 			require.NoError(t, err)
 			g, err := optimistic.NewGuard(h, accountsConfig)
 			require.NoError(t, err)

@@ -44,14 +44,6 @@ func newReport(o contend.Observer, key string, retry contend.Retry) report {
 	return report{o: o, key: key, max: retry.Attempts(), began: time.Now()}
 }
 
-// eventKey is key as an [contend.Event] names it.
-func eventKey(key any) string {
-	if k, ok := key.(string); ok {
-		return k
-	}
-	return fmt.Sprint(key)
-}
-
 // attempt notes that an attempt starts: its read.
 func (r *report) attempt() {
 	r.n++

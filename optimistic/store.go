@@ -25,6 +25,12 @@ import (
 // lower-cased names, `db:"-"` skips a field). T must have a field for the key
 // column and an integer field for the version column.
 //
+// Keys are strings, as in every guard of this module: [Store.Get] and
+// [Store.Update] send the key as text, and the server converts it to the
+// key column's type, so a bigint key column takes "42". T's key field may
+// be of the column's own type (an int64 for a bigint); [Store.Save],
+// [Store.Touch] and [Store.Delete] send its value.
+//
 // The method family:
 //   - [Store.Update] is the one most callers want: read, let fn change the
 //     value, write if the version is unchanged, else read again and retry
@@ -81,14 +87,8 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 	if err != nil {
 		return nil, err
 	}
-	keyCol, versionCol := cfg.KeyColumn, cfg.VersionColumn
-	if keyCol == "" {
-		keyCol = DefaultKeyColumn
-	}
-	if versionCol == "" {
-		versionCol = DefaultVersionColumn
-	}
-	m, err := newMapping(reflect.TypeFor[T](), mapperFor(db), dialect, keyCol, versionCol)
+	cfg = cfg.withDefaults()
+	m, err := newMapping(reflect.TypeFor[T](), mapperFor(db), dialect, cfg.KeyColumn, cfg.VersionColumn)
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +149,7 @@ func NewStore[T any](db contend.DB, cfg Config) (*Store[T], error) {
 
 // Get reads key's row. It returns an error matching [contend.ErrNotFound]
 // when there is none.
-func (s *Store[T]) Get(ctx context.Context, key any) (T, error) {
+func (s *Store[T]) Get(ctx context.Context, key string) (T, error) {
 	var v T
 	if err := checkKey("get", key); err != nil {
 		return v, err
@@ -237,7 +237,7 @@ func (s *Store[T]) Insert(ctx context.Context, v *T) error {
 // was deleted between attempts); an error matching [contend.ErrConflict] when
 // every attempt lost the race; and ctx's error when ctx ends first. A panic in
 // fn propagates; nothing has been written then either.
-func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, error) {
+func (s *Store[T]) Update(ctx context.Context, key string, fn func(*T) error) (T, error) {
 	var out T
 	if err := checkKey("update", key); err != nil {
 		return out, err
@@ -251,7 +251,7 @@ func (s *Store[T]) Update(ctx context.Context, key any, fn func(*T) error) (T, e
 	}
 	var r *report // nil: no Observer
 	if s.observer != nil {
-		rep := newReport(s.observer, eventKey(key), s.retry)
+		rep := newReport(s.observer, key, s.retry)
 		rep.joined = !h.Owned()
 		r = &rep
 	}

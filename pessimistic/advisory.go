@@ -13,12 +13,12 @@ import (
 
 // AdvisoryConfig says how an [Advisory] locks.
 type AdvisoryConfig struct {
-	// Mode is [Wait] (pg_advisory_xact_lock) or [NoWait]
+	// OnHeld is [Wait] (pg_advisory_xact_lock) or [NoWait]
 	// (pg_try_advisory_xact_lock: a held key gives [contend.ErrConflict] at
 	// once, and the transaction stays usable). Default: Wait.
-	Mode Mode
+	OnHeld OnHeld
 	// LockTimeout, when positive, bounds each wait for a lock, as
-	// [Config.LockTimeout] does. On MySQL it is GET_LOCK's timeout, which
+	// [LockerConfig.LockTimeout] does. On MySQL it is GET_LOCK's timeout, which
 	// counts whole seconds: it is rounded up to the next second. Default:
 	// 0, bounded by ctx alone.
 	LockTimeout time.Duration
@@ -31,12 +31,12 @@ type AdvisoryConfig struct {
 	// defaults.
 	Retry contend.Retry
 	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
-	// transaction the guard owns, as [Config.FinishTimeout] does; on MySQL,
+	// transaction the guard owns, as [LockerConfig.FinishTimeout] does; on MySQL,
 	// for the COMMIT or ROLLBACK and the release of the lock after it, in
 	// all. Default: 5s.
 	FinishTimeout time.Duration
 	// Observer, when set, hears what the guard's calls do, as
-	// [Config.Observer] lists; a key held under NoWait is a Conflict.
+	// [LockerConfig.Observer] lists; a key held under NoWait is a Conflict.
 	// Default: nil, no events, at no cost.
 	Observer contend.Observer
 }
@@ -88,15 +88,15 @@ type Advisory struct {
 var _ contend.Guard = (*Advisory)(nil)
 
 // NewAdvisory validates cfg and returns an advisory guard on db, which is a
-// pool or a caller's transaction, as for [New] (a single connection is
+// pool or a caller's transaction, as for [NewLocker] (a single connection is
 // refused); on MySQL (a handle wrapped
 // by mysqldb.Wrap), a pool that hands out connections: a [*sql.DB] or
 // sqlx's DB.
 func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
-	if cfg.Mode != Wait && cfg.Mode != NoWait {
-		return nil, fmt.Errorf("pessimistic: advisory locks take mode wait or NOWAIT, not %v: %w", cfg.Mode, contend.ErrInvalid)
+	if cfg.OnHeld != Wait && cfg.OnHeld != NoWait {
+		return nil, fmt.Errorf("pessimistic: advisory locks take OnHeld Wait or NoWait, not %v: %w", cfg.OnHeld, contend.ErrInvalid)
 	}
-	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry, cfg.Observer)
+	r, err := newRunner(db, cfg.OnHeld, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry, cfg.Observer)
 	if err != nil {
 		return nil, err
 	}
@@ -104,17 +104,18 @@ func NewAdvisory(db contend.DB, cfg AdvisoryConfig) (*Advisory, error) {
 		return newMySQLAdvisory(r)
 	}
 	a := &Advisory{r: r, lock: `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`}
-	if cfg.Mode == NoWait {
+	if cfg.OnHeld == NoWait {
 		a.lock = `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
 	}
 	return a, nil
 }
 
-// Lock takes key's advisory lock and runs fn in the same transaction, which
+// Do takes key's advisory lock and runs fn in the same transaction, which
 // it commits when fn returns nil and rolls back otherwise, also when fn
-// panics (re-raised). It returns what [Locker.Lock] does, never
+// panics (re-raised). fn reaches the transaction with [contend.Querier]
+// (pgxdb.Querier under pgx). It returns what [Locker.Do] does, never
 // [contend.ErrNotFound].
-func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
+func (a *Advisory) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if key == "" {
 		return fmt.Errorf("pessimistic: advisory lock: empty key: %w", contend.ErrInvalid)
 	}
@@ -123,7 +124,7 @@ func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Con
 	}
 	what := func() string { return "advisory " + strconv.Quote(key) }
 	if a.pool != nil {
-		return a.lockSession(ctx, key, what, fn)
+		return a.lockSession(ctx, key, what, txFn(fn))
 	}
 	return a.r.run(ctx, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		if a.r.mode == Wait {
@@ -138,14 +139,5 @@ func (a *Advisory) Lock(ctx context.Context, key string, fn func(ctx context.Con
 			return fmt.Errorf("held by another transaction: %w", contend.ErrConflict)
 		}
 		return nil
-	}, fn)
-}
-
-// Do is [Advisory.Lock] for a fn that reaches the transaction through
-// [contend.Querier] only: the [contend.Guard] form.
-func (a *Advisory) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("pessimistic: advisory lock %q: nil fn: %w", key, contend.ErrInvalid)
-	}
-	return a.Lock(ctx, key, func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) })
+	}, txFn(fn))
 }

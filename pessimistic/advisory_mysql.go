@@ -103,7 +103,7 @@ func finishTimeout(o txn.Options) time.Duration {
 type session struct {
 	conn    *sql.Conn
 	key     string
-	mode    Mode
+	mode    OnHeld
 	timeout time.Duration
 
 	// finishBy is when the lock must be released: the finish bound after fn

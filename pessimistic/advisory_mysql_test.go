@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -29,12 +30,12 @@ import (
 const lockName = "CONCAT('contend:', SHA2(?, 224))"
 
 func TestAdvisoryIsAGuardOnMariaDB(t *testing.T) {
-	for _, mode := range []pessimistic.Mode{pessimistic.Wait, pessimistic.NoWait} {
+	for _, mode := range []pessimistic.OnHeld{pessimistic.Wait, pessimistic.NoWait} {
 		t.Run(mode.String(), func(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: testserver.MariaDBDriver,
 				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
-					return pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{Mode: mode})
+					return pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{OnHeld: mode})
 				},
 				FailFast:  mode != pessimistic.Wait,
 				Exclusive: true,
@@ -75,7 +76,7 @@ func plainLock(t testing.TB, db *sqlx.DB, key string) (got bool, release func())
 func TestAdvisoryAgreesWithPlainSQLOnMariaDB(t *testing.T) {
 	t.Parallel()
 	h, other := mariaAdvisory(t)
-	try, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
+	try, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait})
 	require.NoError(t, err)
 	ctx := t.Context()
 	noop := func(context.Context) error { return nil }
@@ -298,9 +299,11 @@ func TestAdvisoryKeepsOrDiscardsItsConnectionOnMariaDB(t *testing.T) {
 	t.Parallel()
 	u := testserver.MariaDB(t)
 	other := testserver.Open(t, testserver.MariaDBDriver, u)
-	proxy := faultproxy.Start(t, strings.TrimPrefix(strings.SplitN(strings.TrimPrefix(u, "mysql://"), "/", 2)[0], "root@"))
-	proxied := strings.Replace(u, "127.0.0.1:3306", proxy.Addr(), 1)
-	require.NotEqual(t, u, proxied)
+	pu, err := neturl.Parse(u)
+	require.NoError(t, err)
+	proxy := faultproxy.Start(t, pu.Host)
+	pu.Host = proxy.Addr()
+	proxied := pu.String()
 	db := testserver.Open(t, testserver.MariaDBDriver, proxied)
 	db.SetMaxOpenConns(1)
 	a, err := pessimistic.NewAdvisory(mysqldb.Wrap(db), pessimistic.AdvisoryConfig{FinishTimeout: 300 * time.Millisecond})
@@ -488,7 +491,7 @@ func TestAdvisoryObserverOnMariaDB(t *testing.T) {
 	var rec recorder
 	key := testserver.RandomName("observed:")
 	noop := func(context.Context) error { return nil }
-	try, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait, Observer: &rec})
+	try, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait, Observer: &rec})
 	require.NoError(t, err)
 	require.NoError(t, try.Do(t.Context(), key, noop))
 	rec.take(t, key, contend.EventObtained, contend.EventReleased)

@@ -28,7 +28,7 @@ func TestAdvisoryAgreesWithPlainSQL(t *testing.T) {
 		t.Run(driver, func(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
-			try := advisory(t, db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
+			try := advisory(t, db, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait})
 			ctx := t.Context()
 			key := testserver.RandomName("report:2024-06:")
 			plainTry := func() bool {
@@ -72,7 +72,7 @@ func TestAdvisoryWaits(t *testing.T) {
 	ctx := t.Context()
 	key := testserver.RandomName("report:")
 
-	require.NoError(t, a.Lock(ctx, key, func(ctx context.Context, tx contend.DBTX) error {
+	require.NoError(t, a.Do(ctx, key, func(ctx context.Context) error {
 		err := a.Do(t.Context(), key, func(context.Context) error { return nil })
 		require.ErrorIs(t, err, contend.ErrConflict, "the lock timeout ends the wait")
 		require.ErrorContains(t, err, "lock timeout")
@@ -100,13 +100,14 @@ func TestAdvisoryKilledHolderReleases(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "postgres")
 	a := advisory(t, db, pessimistic.AdvisoryConfig{})
-	try := advisory(t, db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
+	try := advisory(t, db, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait})
 	ctx := t.Context()
 	key := testserver.RandomName("k:")
 	holding, release := make(chan int, 1), make(chan struct{})
 	holderErr := make(chan error, 1)
 	go func() {
-		holderErr <- a.Lock(ctx, key, func(ctx context.Context, tx contend.DBTX) error {
+		holderErr <- a.Do(ctx, key, func(ctx context.Context) error {
+			tx := contend.Querier(ctx, nil)
 			var pid int
 			if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 				return err

@@ -113,7 +113,7 @@ func BenchmarkGuardOnMariaDB(b *testing.B) {
 		{Name: "raw", New: rawLocker(false)},
 		{Name: "raw-bounded", New: rawLocker(true)},
 		{Name: "pessimistic", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
-			l, err := pessimistic.New(h, pessimistic.Config{Table: "counters"})
+			l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "counters"})
 			require.NoError(b, err)
 			return func(ctx context.Context, key string) error {
 				return l.Do(ctx, key, func(ctx context.Context) error {

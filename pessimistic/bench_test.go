@@ -40,7 +40,7 @@ func BenchmarkGuard(b *testing.B) {
 		// context that can end.
 		{"raw-bounded", rawLocked(true)},
 		{"pessimistic", func(b *testing.B, db *sqlx.DB) func(ctx context.Context, key string) error {
-			l := newLocker(b, db, pessimistic.Config{Table: "counters"})
+			l := newLocker(b, db, pessimistic.LockerConfig{Table: "counters"})
 			return func(ctx context.Context, key string) error {
 				return l.Do(ctx, key, func(ctx context.Context) error {
 					_, err := contend.Querier(ctx, db).ExecContext(ctx, bump, key)

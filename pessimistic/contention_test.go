@@ -64,7 +64,7 @@ func TestSellUnderContention(t *testing.T) {
 	for _, driver := range testserver.PathDrivers {
 		t.Run(driver, func(t *testing.T) {
 			res, left := sellUnderLoad(t, driver, func(t testing.TB, db contend.DB) harness.Op {
-				l := newLocker(t, db, pessimistic.Config{})
+				l := newLocker(t, db, pessimistic.LockerConfig{})
 				return func(ctx context.Context, key string) error {
 					return l.Do(ctx, key, func(ctx context.Context) error {
 						return workload.SellVia(ctx, testserver.Querier(ctx, db), key)
@@ -82,7 +82,7 @@ func TestSellUnderContention(t *testing.T) {
 // sold was sold exactly once, and nothing half-done remains.
 func TestSellUnderContentionNoWait(t *testing.T) {
 	res, left := sellUnderLoad(t, "pgx", func(t testing.TB, db contend.DB) harness.Op {
-		l := newLocker(t, db, pessimistic.Config{Mode: pessimistic.NoWait})
+		l := newLocker(t, db, pessimistic.LockerConfig{OnHeld: pessimistic.NoWait})
 		return func(ctx context.Context, key string) error {
 			return l.Do(ctx, key, func(ctx context.Context) error { return workload.SellVia(ctx, testserver.Querier(ctx, db), key) })
 		}

@@ -27,7 +27,7 @@ func TestWaitEndedByCtxIsConflictAndCtxError(t *testing.T) {
 			h := testserver.Handle(t, driver, url)
 			products(t, db, 1, "p")
 			_, pid := hold(t, db, "p")
-			l := newLocker(t, h, pessimistic.Config{})
+			l := newLocker(t, h, pessimistic.LockerConfig{})
 			key := testserver.RandomName("wait:")
 			a, err := pessimistic.NewAdvisory(h, pessimistic.AdvisoryConfig{})
 			require.NoError(t, err)

@@ -22,14 +22,16 @@ func transferBothWays(t *testing.T, l *pessimistic.Locker, step func(ctx context
 	t.Helper()
 	var runs atomic.Int32
 	transfer := func(first, second string, mine, theirs chan struct{}, once *sync.Once) error {
-		return l.Lock(t.Context(), first, func(ctx context.Context, tx contend.DBTX) error {
+		return l.Do(t.Context(), first, func(ctx context.Context) error {
+			tx := contend.Querier(ctx, nil)
 			runs.Add(1)
 			once.Do(func() { close(mine) })
 			<-theirs // closed for good after the first run: a retry goes straight on
 			if err := step(ctx, tx, first); err != nil {
 				return err
 			}
-			return l.Lock(ctx, second, func(ctx context.Context, tx contend.DBTX) error {
+			return l.Do(ctx, second, func(ctx context.Context) error {
+				tx := contend.Querier(ctx, nil)
 				return step(ctx, tx, second)
 			})
 		})

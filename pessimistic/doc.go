@@ -16,8 +16,7 @@
 //	COMMIT;                                                  -- the next one goes
 //
 // A [Locker] does this for a configured table and key column: [Locker.Do] is
-// the [contend.Guard], [Locker.Lock] hands fn the transaction explicitly,
-// [Locker.LockMany] locks several rows in one stable order (so two callers
+// the [contend.Guard], [Locker.LockMany] locks several rows in one stable order (so two callers
 // locking the same rows cannot deadlock each other), and [Locker.Claim] takes
 // free rows for work-queue style processing (SKIP LOCKED). An [Advisory]
 // guard locks keys that have no row, with pg_advisory_xact_lock on a hash of
@@ -27,7 +26,7 @@
 //
 // For as long as the transaction lives, the holder is alone with the locked
 // rows or keys, across every process that uses the same database: others
-// wait (or, by [Mode], give up with [contend.ErrConflict]). The lock is the
+// wait (or, by [OnHeld], give up with [contend.ErrConflict]). The lock is the
 // database's, and it dies with the transaction: at commit, at rollback (on
 // fn's error or panic), and when the connection dies. A crashed or killed
 // holder releases it at once (its socket closes), with its uncommitted
@@ -52,7 +51,7 @@
 //
 // Built on a pool (a [*sql.DB], sqlx's DB, or anything with BeginTx(ctx,
 // *sql.TxOptions) (*sql.Tx, error), but not a single connection: see
-// [New]), a locker begins, commits
+// [NewLocker]), a locker begins, commits
 // and rolls back a transaction per call, unless ctx already carries one (fn
 // of another SQL guard, or of an outer call): then it joins it, so nested
 // locks share one transaction and the server sees, and can break, any
@@ -66,7 +65,7 @@
 // # Time
 //
 // A call returns within ctx's deadline plus a grace of 250ms for a
-// statement cut short plus [Config.FinishTimeout] (default 5s), whatever the
+// statement cut short plus [LockerConfig.FinishTimeout] (default 5s), whatever the
 // network does, under lib/pq and pgx alike, as long as fn's own statements
 // return when ctx ends (pgx's do; lib/pq's wait for the server's answer to
 // its cancel request, which a silent network never brings). The COMMIT or
@@ -78,6 +77,12 @@
 // a transaction whose COMMIT it never got, and lets go of its locks, once
 // it notices the session is gone: set idle_in_transaction_session_timeout
 // and tcp_keepalives_* on the server to bound that too.
+//
+// A Locker and an Advisory hold nothing between calls (no goroutine, no
+// connection, no prepared statement), so they have no Close: what a call
+// does after its ctx ended, its ROLLBACK, is bounded by FinishTimeout.
+// Their constructors do no I/O: a table that does not exist shows in the
+// first call's error.
 //
 // # Why FOR NO KEY UPDATE
 //
@@ -92,7 +97,7 @@
 //
 // A lock that was not had is an error matching [contend.ErrConflict]: the row
 // is held under NoWait or SkipLocked, or the wait outlasted
-// [Config.LockTimeout], or a deadlock could not be retried. A key without a
+// [LockerConfig.LockTimeout], or a deadlock could not be retried. A key without a
 // row is [contend.ErrNotFound], never a lost race: "no such product" is not
 // "sold out". PostgreSQL reports NOWAIT and lock_timeout with one code
 // (55P03), and a client's cancel and statement_timeout with another (57014),
@@ -103,7 +108,7 @@
 //
 // # Observing
 //
-// [Config.Observer] (and [AdvisoryConfig.Observer]) hears, as a
+// [LockerConfig.Observer] (and [AdvisoryConfig.Observer]) hears, as a
 // [contend.Event] of strategy "pessimistic", every lock had, with its wait
 // and attempt, and the end of its transaction, with how long it was held;
 // every key found held (NoWait, SkipLocked), wait given up and retry. Without
@@ -113,12 +118,12 @@
 //
 //   - The holder keeps a database connection for fn's whole run, and a
 //     waiter at the server holds one while it waits. A Locker queues the
-//     waiters of one key in the process (see [Config.NoLocalQueue]), so
+//     waiters of one key in the process (see [LockerConfig.NoLocalQueue]), so
 //     that a hot row holds two of its pool's connections per process, not
 //     all of them; waiters of other processes, of LockMany, of Claim, of an
 //     [Advisory], and every waiter under a LockTimeout, wait at the server,
 //     each with its connection. Size the pool, bound waits with ctx or
-//     [Config.LockTimeout], or fail fast with [NoWait].
+//     [LockerConfig.LockTimeout], or fail fast with [NoWait].
 //   - fn must use the transaction it is given, never the pool: a statement
 //     on the pool runs outside the transaction (committing even when the
 //     transaction rolls back), and if it touches a row the transaction
@@ -153,14 +158,14 @@
 // The [Locker] and the [Advisory] guard also run on MySQL 8 and MariaDB 10.6
 // or later, on a handle wrapped by mysqldb.Wrap. Both strengths lock FOR
 // UPDATE: MySQL has no weaker one. The locker begins its transactions at
-// READ COMMITTED unless [Config.Isolation] says otherwise: under InnoDB's
+// READ COMMITTED unless [LockerConfig.Isolation] says otherwise: under InnoDB's
 // default, REPEATABLE READ, a plain read sees the snapshot taken at the
 // transaction's first read, so a lock nested in another guard's fn, after
 // that fn read anything, would let fn read its row as it was before the lock
 // and write back a lost update. In a transaction of yours the isolation is
 // yours: read the locked rows with a locking read, or use READ COMMITTED.
 //
-// [Config.LockTimeout] is innodb_lock_wait_timeout, which counts whole
+// [LockerConfig.LockTimeout] is innodb_lock_wait_timeout, which counts whole
 // seconds: the timeout is rounded up to the next second. The setting belongs
 // to the session, which outlives the transaction and goes back to the pool
 // with its connection, so the locker sets it for the lock statement alone and

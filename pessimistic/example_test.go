@@ -26,7 +26,7 @@ func ExampleLocker_Do() {
 	db, done := exampleDB(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL);
 		INSERT INTO products VALUES ('sku-1', 1)`)
 	defer done()
-	locker, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
+	locker, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "products"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func ExampleLocker_LockMany() {
 		INSERT INTO accounts VALUES ('alice', 100), ('bob', 20)`)
 	defer done()
 	ctx := context.Background()
-	accounts, err := pessimistic.New(db, pessimistic.Config{Table: "accounts"})
+	accounts, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "accounts"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func ExampleLocker_Claim() {
 		INSERT INTO jobs (id) VALUES ('job-1'), ('job-2'), ('job-3')`)
 	defer done()
 	ctx := context.Background()
-	queue, err := pessimistic.New(db, pessimistic.Config{Table: "jobs", ClaimWhere: "NOT done"})
+	queue, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "jobs", ClaimWhere: "NOT done"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func ExampleLocker_Claim() {
 func ExampleAdvisory_Do() {
 	db, done := exampleDB(`CREATE TABLE reports (period text PRIMARY KEY)`)
 	defer done()
-	guard, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait})
+	guard, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -27,13 +27,14 @@ func TestKilledHolderReleasesAtOnce(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
 			products(t, db, 5, "p")
-			l := newLocker(t, db, pessimistic.Config{})
+			l := newLocker(t, db, pessimistic.LockerConfig{})
 			ctx := t.Context()
 
 			holding, release := make(chan int, 1), make(chan struct{})
 			holderErr := make(chan error, 1)
 			go func() {
-				holderErr <- l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+				holderErr <- l.Do(ctx, "p", func(ctx context.Context) error {
+					tx := contend.Querier(ctx, nil)
 					var pid int
 					if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 						return err
@@ -62,7 +63,8 @@ func TestKilledHolderReleasesAtOnce(t *testing.T) {
 			waiter := make(chan seen, 1)
 			go func() {
 				var s seen
-				s.err = l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+				s.err = l.Do(ctx, "p", func(ctx context.Context) error {
+					tx := contend.Querier(ctx, nil)
 					return tx.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = 'p'`).Scan(&s.stock)
 				})
 				waiter <- s
@@ -108,7 +110,7 @@ func TestOppositeOrderDeadlockIsRetried(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
 			products(t, db, 10, "a", "b")
-			l := newLocker(t, db, pessimistic.Config{})
+			l := newLocker(t, db, pessimistic.LockerConfig{})
 			runs := transferBothWays(t, l, func(ctx context.Context, tx contend.DBTX, key string) error { return sell(ctx, tx, key) })
 
 			require.GreaterOrEqual(t, runs, int32(3), "no deadlock victim ran again")
@@ -126,7 +128,7 @@ func TestDeadlockInACallersTransactionIsReturned(t *testing.T) {
 	db := testserver.DB(t, "postgres")
 	products(t, db, 10, "a", "b")
 	first := deadlockInCallersTx(t, db, func(tx *sqlx.Tx) (*pessimistic.Locker, error) {
-		return pessimistic.New(tx, pessimistic.Config{Table: "products"})
+		return pessimistic.NewLocker(tx, pessimistic.LockerConfig{Table: "products"})
 	})
 	require.ErrorIs(t, first, contend.ErrConflict)
 	require.Equal(t, sqlerr.DeadlockDetected, sqlerr.Code(first))
@@ -142,7 +144,7 @@ func TestLockManyNeverDeadlocks(t *testing.T) {
 	db := testserver.DB(t, "pgx")
 	keys := []string{"a", "b", "c", "d", "e"}
 	products(t, db, 0, keys...)
-	l := newLocker(t, db, pessimistic.Config{Retry: contend.Retry{MaxAttempts: 1}})
+	l := newLocker(t, db, pessimistic.LockerConfig{Retry: contend.Retry{MaxAttempts: 1}})
 	ctx := t.Context()
 	reversed := []string{"e", "d", "c", "b", "a"}
 
@@ -191,7 +193,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 			db := testserver.DB(t, driver)
 			products(t, db, 1, "p")
 			holder, pid := hold(t, db, "p")
-			l := newLocker(t, db, pessimistic.Config{})
+			l := newLocker(t, db, pessimistic.LockerConfig{})
 
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
@@ -223,9 +225,10 @@ func TestPanicRollsBack(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
 	products(t, db, 1, "p")
-	l := newLocker(t, db, pessimistic.Config{})
+	l := newLocker(t, db, pessimistic.LockerConfig{})
 	require.PanicsWithValue(t, "boom", func() {
-		_ = l.Lock(t.Context(), "p", func(ctx context.Context, tx contend.DBTX) error {
+		_ = l.Do(t.Context(), "p", func(ctx context.Context) error {
+			tx := contend.Querier(ctx, nil)
 			require.NoError(t, sell(ctx, tx, "p"))
 			panic("boom")
 		})
@@ -247,7 +250,7 @@ func TestSerializationFailureIsRetried(t *testing.T) {
 			holder, pid := hold(t, db, "p")
 			_, err := holder.Exec(`UPDATE products SET stock = 4 WHERE id = 'p'`)
 			require.NoError(t, err)
-			l := newLocker(t, db, pessimistic.Config{Isolation: sql.LevelRepeatableRead, Retry: retry})
+			l := newLocker(t, db, pessimistic.LockerConfig{Isolation: sql.LevelRepeatableRead, Retry: retry})
 
 			type seen struct {
 				stock int
@@ -256,7 +259,8 @@ func TestSerializationFailureIsRetried(t *testing.T) {
 			waiter := make(chan seen, 1)
 			go func() {
 				var s seen
-				s.err = l.Lock(t.Context(), "p", func(ctx context.Context, tx contend.DBTX) error {
+				s.err = l.Do(t.Context(), "p", func(ctx context.Context) error {
+					tx := contend.Querier(ctx, nil)
 					return tx.QueryRowContext(ctx, `SELECT stock FROM products WHERE id = 'p'`).Scan(&s.stock)
 				})
 				waiter <- s

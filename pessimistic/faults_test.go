@@ -16,7 +16,7 @@ import (
 func TestRowLockUnderFaults(t *testing.T) {
 	t.Parallel()
 	txntest.Run(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
-		l, err := pessimistic.New(db, pessimistic.Config{Table: txntest.Table, FinishTimeout: finish})
+		l, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
 		return guardOp(l, db)
 	}})

@@ -31,7 +31,7 @@ func lockRows(t testing.TB, env guardtest.Env, keys []string) {
 func TestLockerIsAGuard(t *testing.T) {
 	for _, c := range []struct {
 		name, driver string
-		mode         pessimistic.Mode
+		mode         pessimistic.OnHeld
 	}{
 		{"wait/pgx", "pgx", pessimistic.Wait},
 		{"nowait/postgres", "postgres", pessimistic.NoWait},
@@ -42,7 +42,7 @@ func TestLockerIsAGuard(t *testing.T) {
 				Driver: c.driver,
 				Setup:  lockRows,
 				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
-					return pessimistic.New(db, pessimistic.Config{Table: "locks", Mode: c.mode})
+					return pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "locks", OnHeld: c.mode})
 				},
 				FailFast:  c.mode != pessimistic.Wait,
 				Exclusive: true,
@@ -54,7 +54,7 @@ func TestLockerIsAGuard(t *testing.T) {
 func TestAdvisoryIsAGuard(t *testing.T) {
 	for _, c := range []struct {
 		name, driver string
-		mode         pessimistic.Mode
+		mode         pessimistic.OnHeld
 	}{
 		{"wait/postgres", "postgres", pessimistic.Wait},
 		{"try/pgx", "pgx", pessimistic.NoWait},
@@ -64,7 +64,7 @@ func TestAdvisoryIsAGuard(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: c.driver,
 				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
-					return pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{Mode: c.mode})
+					return pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{OnHeld: c.mode})
 				},
 				FailFast:  c.mode == pessimistic.NoWait,
 				Exclusive: true,

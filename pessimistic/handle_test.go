@@ -25,7 +25,9 @@ func TestWrappedHandleIsRefused(t *testing.T) {
 	products(t, db, 5, "p")
 	w := txntest.Wrapped{DBTX: db}
 	for name, newGuard := range map[string]func() (contend.Guard, error){
-		"row":      func() (contend.Guard, error) { return pessimistic.New(w, pessimistic.Config{Table: "products"}) },
+		"row": func() (contend.Guard, error) {
+			return pessimistic.NewLocker(w, pessimistic.LockerConfig{Table: "products"})
+		},
 		"advisory": func() (contend.Guard, error) { return pessimistic.NewAdvisory(w, pessimistic.AdvisoryConfig{}) },
 	} {
 		g, err := newGuard()
@@ -74,7 +76,7 @@ func requireExclusive(t *testing.T, g contend.Guard, key, name string) {
 func TestTypedNilDBIsRefused(t *testing.T) {
 	t.Parallel()
 	var db *sql.DB
-	_, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
+	_, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "products"})
 	require.ErrorIs(t, err, contend.ErrInvalid)
 	_, err = pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{})
 	require.ErrorIs(t, err, contend.ErrInvalid)

@@ -30,12 +30,12 @@ func stockOf(t testing.TB, db *sqlx.DB, id string) int {
 }
 
 // newLocker makes a locker on db; the table defaults to products.
-func newLocker(t testing.TB, db contend.DB, cfg pessimistic.Config) *pessimistic.Locker {
+func newLocker(t testing.TB, db contend.DB, cfg pessimistic.LockerConfig) *pessimistic.Locker {
 	t.Helper()
 	if cfg.Table == "" {
 		cfg.Table = "products"
 	}
-	l, err := pessimistic.New(db, cfg)
+	l, err := pessimistic.NewLocker(db, cfg)
 	require.NoError(t, err)
 	return l
 }
@@ -72,6 +72,6 @@ func waitBlocked(t testing.TB, db *sqlx.DB, pid, n int) {
 // requireFree checks that nobody holds id's row: a NOWAIT lock gets it.
 func requireFree(t testing.TB, db *sqlx.DB, id string) {
 	t.Helper()
-	l := newLocker(t, db, pessimistic.Config{Mode: pessimistic.NoWait})
-	require.NoError(t, l.Lock(t.Context(), id, func(context.Context, contend.DBTX) error { return nil }), "%s is still locked", id)
+	l := newLocker(t, db, pessimistic.LockerConfig{OnHeld: pessimistic.NoWait})
+	require.NoError(t, l.Do(t.Context(), id, func(context.Context) error { return nil }), "%s is still locked", id)
 }

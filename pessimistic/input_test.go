@@ -16,7 +16,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "postgres")
 	products(t, db, 1, "p")
-	for name, cfg := range map[string]pessimistic.Config{
+	for name, cfg := range map[string]pessimistic.LockerConfig{
 		"no table":          {},
 		"injected table":    {Table: "products; DROP TABLE products"},
 		"quoted key column": {Table: "products", KeyColumn: `id" = id OR "id`},
@@ -24,19 +24,19 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		"three-part name":   {Table: "a.b.products"},
 		"leading digit":     {Table: "1products"},
 		"unknown strength":  {Table: "products", Strength: 7},
-		"unknown mode":      {Table: "products", Mode: -1},
+		"unknown mode":      {Table: "products", OnHeld: -1},
 		"negative timeout":  {Table: "products", LockTimeout: -time.Second},
 		"negative finish":   {Table: "products", FinishTimeout: -time.Second},
 	} {
-		_, err := pessimistic.New(db, cfg)
+		_, err := pessimistic.NewLocker(db, cfg)
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
 	}
-	_, err := pessimistic.New(nil, pessimistic.Config{Table: "products"})
+	_, err := pessimistic.NewLocker(nil, pessimistic.LockerConfig{Table: "products"})
 	require.ErrorIs(t, err, contend.ErrInvalid, "nil db")
 
 	for name, cfg := range map[string]pessimistic.AdvisoryConfig{
-		"skip locked":      {Mode: pessimistic.SkipLocked},
-		"unknown mode":     {Mode: 9},
+		"skip locked":      {OnHeld: pessimistic.SkipLocked},
+		"unknown mode":     {OnHeld: 9},
 		"negative timeout": {LockTimeout: -time.Millisecond},
 		"negative finish":  {FinishTimeout: -time.Millisecond},
 	} {
@@ -48,7 +48,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 
 	// A well-formed name that does not exist is the server's error, at the
 	// first lock (New does no I/O), and not mistaken for a lost race.
-	l, err := pessimistic.New(db, pessimistic.Config{Table: "nosuchtable"})
+	l, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "nosuchtable"})
 	require.NoError(t, err)
 	err = l.Do(t.Context(), "p", func(context.Context) error { return nil })
 	require.ErrorContains(t, err, "nosuchtable")
@@ -62,29 +62,24 @@ func TestCallsRefuseBadInput(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
 	products(t, db, 1, "p")
-	l := newLocker(t, db, pessimistic.Config{})
+	l := newLocker(t, db, pessimistic.LockerConfig{})
 	a := advisory(t, db, pessimistic.AdvisoryConfig{})
 	ctx := t.Context()
 	ran := false
 	fn := func(context.Context) error { ran = true; return nil }
-	txFn := func(context.Context, contend.DBTX) error { ran = true; return nil }
 	manyFn := func(context.Context, contend.DBTX, []string) error { ran = true; return nil }
 
 	for name, err := range map[string]error{
-		"Do empty key":            l.Do(ctx, "", fn),
-		"Do nil fn":               l.Do(ctx, "p", nil),
-		"Lock empty key":          l.Lock(ctx, "", txFn),
-		"Lock nil fn":             l.Lock(ctx, "p", nil),
-		"LockMany no keys":        l.LockMany(ctx, nil, manyFn),
-		"LockMany empty key":      l.LockMany(ctx, []string{"p", ""}, manyFn),
-		"LockMany nil fn":         l.LockMany(ctx, []string{"p"}, nil),
-		"Claim zero":              l.Claim(ctx, 0, manyFn),
-		"Claim negative":          l.Claim(ctx, -1, manyFn),
-		"Claim nil fn":            l.Claim(ctx, 1, nil),
-		"advisory Do empty key":   a.Do(ctx, "", fn),
-		"advisory Do nil fn":      a.Do(ctx, "k", nil),
-		"advisory Lock empty key": a.Lock(ctx, "", txFn),
-		"advisory Lock nil fn":    a.Lock(ctx, "k", nil),
+		"Do empty key":          l.Do(ctx, "", fn),
+		"Do nil fn":             l.Do(ctx, "p", nil),
+		"LockMany no keys":      l.LockMany(ctx, nil, manyFn),
+		"LockMany empty key":    l.LockMany(ctx, []string{"p", ""}, manyFn),
+		"LockMany nil fn":       l.LockMany(ctx, []string{"p"}, nil),
+		"Claim zero":            l.Claim(ctx, 0, manyFn),
+		"Claim negative":        l.Claim(ctx, -1, manyFn),
+		"Claim nil fn":          l.Claim(ctx, 1, nil),
+		"advisory Do empty key": a.Do(ctx, "", fn),
+		"advisory Do nil fn":    a.Do(ctx, "k", nil),
 	} {
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
 	}

@@ -43,9 +43,9 @@ func (s Strength) String() string {
 	return "Strength(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Config says which rows a [Locker] locks and how. Names are validated and
-// quoted at construction; keys are only ever bind parameters.
-type Config struct {
+// LockerConfig says which rows a [Locker] locks and how. Names are
+// validated and quoted at construction; keys are only ever bind parameters.
+type LockerConfig struct {
 	// Table holds one row per key; it may be schema-qualified ("app.stock").
 	// Required.
 	Table string
@@ -55,9 +55,9 @@ type Config struct {
 	KeyColumn string
 	// Strength is the row lock taken. Default: [ForNoKeyUpdate].
 	Strength Strength
-	// Mode says what a lock does when another transaction holds the row.
+	// OnHeld says what a lock does when another transaction holds the row.
 	// Default: [Wait].
-	Mode Mode
+	OnHeld OnHeld
 	// LockTimeout, when positive, bounds each wait for a lock (SET LOCAL
 	// lock_timeout): a longer wait gives up with an error matching
 	// [contend.ErrConflict], which is not ctx's error. PostgreSQL counts it
@@ -112,9 +112,9 @@ type Config struct {
 	// no events, at no cost.
 	Observer contend.Observer
 	// NoLocalQueue turns off the queue a Locker keeps in front of each
-	// row lock. With it on (the default), the calls of [Locker.Lock] and
-	// [Locker.Do] of one Locker that want the same key queue in this
-	// process, in the order they came, holding nothing while they wait;
+	// row lock. With it on (the default), the calls of [Locker.Do] of one
+	// Locker that want the same key queue in this process, in the order
+	// they came, holding nothing while they wait;
 	// only the first two go on to the server, the one holding the lock and
 	// the next, which waits there with a connection so that it gets the
 	// lock the moment the holder commits. So a hot key's waiters hold two
@@ -157,9 +157,9 @@ type Config struct {
 // such a transaction, the whole pool stops.
 //
 // When the locker owns the transaction, fn runs again from the start after a
-// deadlock or a serialization failure, up to Config.Retry: keep side effects
+// deadlock or a serialization failure, up to LockerConfig.Retry: keep side effects
 // outside the database out of fn, or make them idempotent. Inside a
-// transaction the locker does not own (see [New]), the error is returned,
+// transaction the locker does not own (see [NewLocker]), the error is returned,
 // matching [contend.ErrConflict], for the owner to run its transaction again.
 //
 // A Locker is safe for simultaneous use by multiple goroutines. It holds no
@@ -181,7 +181,7 @@ type Locker struct {
 
 var _ contend.Guard = (*Locker)(nil)
 
-// New validates cfg and returns a locker on db. db is either a pool (a
+// NewLocker validates cfg and returns a locker on db. db is either a pool (a
 // [*sql.DB] or sqlx's DB, or a *pgxpool.Pool wrapped by pgxdb.Wrap), on
 // which the locker begins a transaction per call, or a transaction (a
 // [*sql.Tx], sqlx's Tx, or a wrapped pgx.Tx) that the caller owns, in which
@@ -189,28 +189,28 @@ var _ contend.Guard = (*Locker)(nil)
 // included, is an error matching [contend.ErrInvalid]; so is a single
 // connection ([*sql.Conn], a wrapped *pgx.Conn or *pgxpool.Conn), one
 // server session on which two calls would share one transaction: pass the
-// pool it came from. New does no
+// pool it came from. NewLocker does no
 // I/O, so making a locker per caller transaction costs nothing: a table or
 // column that does not exist shows in the first lock's error.
 //
 // On a pool, a call whose ctx carries a transaction (fn of another SQL guard,
 // or of an outer call of this locker) joins that transaction; one a guard
 // began on another database is refused with [contend.ErrInvalid].
-func New(db contend.DB, cfg Config) (*Locker, error) {
+func NewLocker(db contend.DB, cfg LockerConfig) (*Locker, error) {
 	if cfg.KeyColumn == "" {
 		cfg.KeyColumn = "id"
 	}
 	if cfg.Strength != ForNoKeyUpdate && cfg.Strength != ForUpdate {
 		return nil, fmt.Errorf("pessimistic: unknown strength %v: %w", cfg.Strength, contend.ErrInvalid)
 	}
-	if cfg.Mode != Wait && cfg.Mode != NoWait && cfg.Mode != SkipLocked {
-		return nil, fmt.Errorf("pessimistic: unknown mode %v: %w", cfg.Mode, contend.ErrInvalid)
+	if cfg.OnHeld != Wait && cfg.OnHeld != NoWait && cfg.OnHeld != SkipLocked {
+		return nil, fmt.Errorf("pessimistic: unknown OnHeld %v: %w", cfg.OnHeld, contend.ErrInvalid)
 	}
-	r, err := newRunner(db, cfg.Mode, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry, cfg.Observer)
+	r, err := newRunner(db, cfg.OnHeld, cfg.LockTimeout, cfg.FinishTimeout, cfg.Isolation, cfg.Retry, cfg.Observer)
 	if err != nil {
 		return nil, err
 	}
-	if !cfg.NoLocalQueue && cfg.Mode == Wait && cfg.LockTimeout == 0 {
+	if !cfg.NoLocalQueue && cfg.OnHeld == Wait && cfg.LockTimeout == 0 {
 		r.line = keyline.New(keyline.Depth)
 	}
 	if r.db.Dialect() == sqldb.MySQL {
@@ -247,12 +247,12 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 	}, nil
 }
 
-// Lock locks key's row and runs fn in the same transaction, which it commits
+// Do locks key's row and runs fn in the same transaction, which it commits
 // when fn returns nil and rolls back otherwise, also when fn panics (the panic
-// is re-raised). fn gets the transaction as tx and through [contend.Querier];
-// it must not use the pool (see [Locker]).
+// is re-raised). fn reaches the transaction with [contend.Querier]
+// (pgxdb.Querier under pgx); it must not use the pool (see [Locker]).
 //
-// Lock returns fn's error; an error matching [contend.ErrNotFound], without
+// Do returns fn's error; an error matching [contend.ErrNotFound], without
 // running fn, when key has no row; one matching [contend.ErrConflict] when the
 // lock was not had (the row is held under NoWait or SkipLocked, the lock
 // timeout passed, or a deadlock or serialization failure outlasted the retries
@@ -260,7 +260,7 @@ func New(db contend.DB, cfg Config) (*Locker, error) {
 // [contend.ErrConflict] and ctx's error when ctx ended while the lock was
 // awaited; ctx's error when ctx ended before or after; or the backend's
 // error.
-func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Context, tx contend.DBTX) error) error {
+func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	if key == "" {
 		return fmt.Errorf("pessimistic: lock: empty key: %w", contend.ErrInvalid)
 	}
@@ -270,16 +270,13 @@ func (l *Locker) Lock(ctx context.Context, key string, fn func(ctx context.Conte
 	what := func() string { return strconv.Quote(key) }
 	return l.r.runOn(ctx, l.r.db, key, what, func() string { return key }, func(ctx context.Context, tx sqldb.Tx) error {
 		return l.lockRow(ctx, tx, key)
-	}, fn)
+	}, txFn(fn))
 }
 
-// Do is [Locker.Lock] for a fn that reaches the transaction through
-// [contend.Querier] only: the [contend.Guard] form.
-func (l *Locker) Do(ctx context.Context, key string, fn func(ctx context.Context) error) error {
-	if fn == nil {
-		return fmt.Errorf("pessimistic: lock %q: nil fn: %w", key, contend.ErrInvalid)
-	}
-	return l.Lock(ctx, key, func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) })
+// txFn is fn as the runner takes it, with the transaction as an argument,
+// which Do's fn reaches through ctx instead.
+func txFn(fn func(ctx context.Context) error) func(ctx context.Context, tx contend.DBTX) error {
+	return func(ctx context.Context, _ contend.DBTX) error { return fn(ctx) }
 }
 
 func (l *Locker) lockRow(ctx context.Context, tx sqldb.Tx, key string) error {
@@ -314,7 +311,8 @@ func (l *Locker) lockRow(ctx context.Context, tx sqldb.Tx, key string) error {
 }
 
 // LockMany locks the rows of keys with one statement, in the order of the key
-// column, and runs fn in the same transaction, like [Locker.Lock]. Because
+// column, and runs fn in the same transaction, like [Locker.Do], which it
+// also hands the transaction, as tx (nil under pgx). Because
 // every caller takes rows in that one order, two callers locking the same or
 // overlapping sets never deadlock each other, whatever order they list the
 // keys in. fn gets the locked keys as the database returns them (duplicates
@@ -373,8 +371,8 @@ func (l *Locker) LockMany(ctx context.Context, keys []string, fn func(ctx contex
 
 // Claim locks up to n rows of the table that no other transaction holds (SKIP
 // LOCKED, whatever the mode), the first in key order that meet
-// Config.ClaimWhere, and runs fn with their keys in the same transaction, like
-// [Locker.Lock]: the work-queue pattern. Workers claiming at once get disjoint
+// LockerConfig.ClaimWhere, and runs fn with their keys in the same
+// transaction, like [Locker.LockMany]: the work-queue pattern. Workers claiming at once get disjoint
 // rows and never wait for each other. A job is done when fn changes its row so
 // ClaimWhere no longer holds, or deletes it, in the transaction: if the
 // worker dies first, the rollback puts the job back for the next claim.
@@ -435,9 +433,9 @@ func describe(keys []string) string {
 
 // clauses returns the lock clause of cfg's mode at strength (FOR UPDATE,
 // FOR NO KEY UPDATE, ...), and Claim's filter (ClaimWhere, or "true").
-func clauses(strength string, cfg Config) (lock, where string) {
+func clauses(strength string, cfg LockerConfig) (lock, where string) {
 	lock = strength
-	switch cfg.Mode {
+	switch cfg.OnHeld {
 	case NoWait:
 		lock += " NOWAIT"
 	case SkipLocked:

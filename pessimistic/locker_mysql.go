@@ -8,7 +8,7 @@ import (
 	"github.com/contend/contend/internal/sqlident"
 )
 
-// newMySQLLocker is New on MySQL and MariaDB (10.6 or later, for SKIP
+// newMySQLLocker is NewLocker on MySQL and MariaDB (10.6 or later, for SKIP
 // LOCKED).
 //
 // InnoDB's default isolation, REPEATABLE READ, reads from a snapshot taken
@@ -18,7 +18,7 @@ import (
 // lock nested in another guard's fn, which joins its transaction), fn's
 // plain SELECT of the locked row would see the snapshot, not the last
 // commit, and write back a lost update. The locker therefore begins its
-// transactions at READ COMMITTED unless Config.Isolation says otherwise
+// transactions at READ COMMITTED unless LockerConfig.Isolation says otherwise
 // (newRunner, through sqldb's GuardTx): each plain read sees the latest
 // commit, and the row lock keeps that commit the latest until the
 // transaction ends.
@@ -26,7 +26,7 @@ import (
 // There is no FOR NO KEY UPDATE: both strengths lock FOR UPDATE. The lock
 // timeout is innodb_lock_wait_timeout, set around the lock statement and put
 // back after it (runner.lockMySQL).
-func newMySQLLocker(r runner, cfg Config) (*Locker, error) {
+func newMySQLLocker(r runner, cfg LockerConfig) (*Locker, error) {
 	table, err := sqlident.QuoteIn(sqldb.MySQL, "pessimistic: table", cfg.Table)
 	if err != nil {
 		return nil, err

@@ -44,7 +44,7 @@ func withParam(t testing.TB, rawURL, name, value string) string {
 	return u.String()
 }
 
-// A wait that outlasts Config.LockTimeout ends with MariaDB's lock wait
+// A wait that outlasts LockerConfig.LockTimeout ends with MariaDB's lock wait
 // timeout (1205): a lost race, not the caller's ctx, in a transaction of
 // the locker's and in the caller's alike.
 func TestLockTimeoutOnMariaDB(t *testing.T) {
@@ -52,8 +52,8 @@ func TestLockTimeoutOnMariaDB(t *testing.T) {
 	h := testserver.Handle(t, testserver.MariaDBDriver, testserver.MariaDB(t)).(testserver.MariaDBHandle)
 	mariaRows(t, h.DB, "jobs", "a")
 	mariaHold(t, h.DB, "jobs", "a")
-	cfg := pessimistic.Config{Table: "jobs", LockTimeout: 300 * time.Millisecond}
-	l, err := pessimistic.New(h, cfg)
+	cfg := pessimistic.LockerConfig{Table: "jobs", LockTimeout: 300 * time.Millisecond}
+	l, err := pessimistic.NewLocker(h, cfg)
 	require.NoError(t, err)
 	fnRan := errors.New("fn ran")
 
@@ -69,7 +69,7 @@ func TestLockTimeoutOnMariaDB(t *testing.T) {
 	tx, err := h.DB.BeginTxx(ctx, nil)
 	require.NoError(t, err)
 	defer tx.Rollback()
-	inTx, err := pessimistic.New(mysqldb.Wrap(tx), cfg)
+	inTx, err := pessimistic.NewLocker(mysqldb.Wrap(tx), cfg)
 	require.NoError(t, err)
 	err = inTx.Do(ctx, "a", func(context.Context) error { return fnRan })
 	require.ErrorIs(t, err, contend.ErrConflict)
@@ -93,9 +93,9 @@ func TestLockTimeoutLeavesThePoolAsItWasOnMariaDB(t *testing.T) {
 	other := testserver.Open(t, testserver.MariaDBDriver, rawURL)
 	mariaRows(t, other, "jobs", "free", "held")
 	mariaHold(t, other, "jobs", "held")
-	wait, err := pessimistic.New(h, pessimistic.Config{Table: "jobs", LockTimeout: time.Second})
+	wait, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "jobs", LockTimeout: time.Second})
 	require.NoError(t, err)
-	nowait, err := pessimistic.New(h, pessimistic.Config{Table: "jobs", Mode: pessimistic.NoWait, LockTimeout: time.Second})
+	nowait, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "jobs", OnHeld: pessimistic.NoWait, LockTimeout: time.Second})
 	require.NoError(t, err)
 	noop := func(context.Context) error { return nil }
 
@@ -141,7 +141,7 @@ func TestOppositeOrderDeadlockIsRetriedOnMariaDB(t *testing.T) {
 	t.Parallel()
 	h := testserver.Handle(t, testserver.MariaDBDriver, testserver.MariaDB(t)).(testserver.MariaDBHandle)
 	mariaRows(t, h.DB, "pair", "a", "b")
-	l, err := pessimistic.New(h, pessimistic.Config{Table: "pair"})
+	l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "pair"})
 	require.NoError(t, err)
 	runs := transferBothWays(t, l, func(ctx context.Context, tx contend.DBTX, key string) error {
 		_, err := tx.ExecContext(ctx, "UPDATE pair SET n = n + 1 WHERE id = ?", key)
@@ -160,7 +160,7 @@ func TestDeadlockInACallersTransactionIsReturnedOnMariaDB(t *testing.T) {
 	h := testserver.Handle(t, testserver.MariaDBDriver, testserver.MariaDB(t)).(testserver.MariaDBHandle)
 	mariaRows(t, h.DB, "pair", "a", "b")
 	first := deadlockInCallersTx(t, h.DB, func(tx *sqlx.Tx) (*pessimistic.Locker, error) {
-		return pessimistic.New(mysqldb.Wrap(tx), pessimistic.Config{Table: "pair"})
+		return pessimistic.NewLocker(mysqldb.Wrap(tx), pessimistic.LockerConfig{Table: "pair"})
 	})
 	require.ErrorIs(t, first, contend.ErrConflict)
 	require.Equal(t, sqlerr.DeadlockDetected, sqlerr.Code(first))
@@ -172,7 +172,7 @@ func TestDeadlockInACallersTransactionIsReturnedOnMariaDB(t *testing.T) {
 func TestRowLockUnderFaultsOnMariaDB(t *testing.T) {
 	t.Parallel()
 	txntest.RunOnMariaDB(t, txntest.Subject{Transactional: true, New: func(t testing.TB, db contend.DB, finish time.Duration) txntest.Op {
-		l, err := pessimistic.New(db, pessimistic.Config{Table: txntest.Table, FinishTimeout: finish})
+		l, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: txntest.Table, FinishTimeout: finish})
 		require.NoError(t, err)
 		return guardOp(l, db)
 	}})

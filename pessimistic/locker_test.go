@@ -22,17 +22,19 @@ func TestLockCommitsAndRollsBack(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, driver)
 			products(t, db, 2, "p")
-			l := newLocker(t, db, pessimistic.Config{})
+			l := newLocker(t, db, pessimistic.LockerConfig{})
 			ctx := t.Context()
 
-			require.NoError(t, l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+			require.NoError(t, l.Do(ctx, "p", func(ctx context.Context) error {
+				tx := contend.Querier(ctx, nil)
 				require.Equal(t, tx, contend.Querier(ctx, db), "fn reaches the same transaction both ways")
 				return sell(ctx, tx, "p")
 			}))
 			require.Equal(t, 1, stockOf(t, db, "p"))
 
 			boom := errors.New("boom")
-			err := l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+			err := l.Do(ctx, "p", func(ctx context.Context) error {
+				tx := contend.Querier(ctx, nil)
 				require.NoError(t, sell(ctx, tx, "p"))
 				return boom
 			})
@@ -49,8 +51,8 @@ func TestLockHoldsTheRowWhileFnRuns(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
 	products(t, db, 1, "p")
-	l := newLocker(t, db, pessimistic.Config{})
-	other := newLocker(t, db, pessimistic.Config{Mode: pessimistic.NoWait})
+	l := newLocker(t, db, pessimistic.LockerConfig{})
+	other := newLocker(t, db, pessimistic.LockerConfig{OnHeld: pessimistic.NoWait})
 	require.NoError(t, l.Do(t.Context(), "p", func(ctx context.Context) error {
 		// A fresh context: a call under fn's ctx would join its transaction.
 		err := other.Do(t.Context(), "p", func(context.Context) error { return nil })
@@ -65,12 +67,12 @@ func TestLockHoldsTheRowWhileFnRuns(t *testing.T) {
 
 func TestMissingRowIsNotFoundNotConflict(t *testing.T) {
 	t.Parallel()
-	for _, mode := range []pessimistic.Mode{pessimistic.Wait, pessimistic.NoWait, pessimistic.SkipLocked} {
+	for _, mode := range []pessimistic.OnHeld{pessimistic.Wait, pessimistic.NoWait, pessimistic.SkipLocked} {
 		t.Run(mode.String(), func(t *testing.T) {
 			t.Parallel()
 			db := testserver.DB(t, "postgres")
 			products(t, db, 1, "p")
-			l := newLocker(t, db, pessimistic.Config{Mode: mode})
+			l := newLocker(t, db, pessimistic.LockerConfig{OnHeld: mode})
 			ctx := t.Context()
 			ran := false
 			err := l.Do(ctx, "ghost", func(context.Context) error { ran = true; return nil })
@@ -96,8 +98,8 @@ func TestLockManyLocksAllInOneOrder(t *testing.T) {
 			db := testserver.Open(t, driver, url)
 			h := testserver.Handle(t, driver, url)
 			products(t, db, 5, "a", "b", "c")
-			l := newLocker(t, h, pessimistic.Config{})
-			other := newLocker(t, h, pessimistic.Config{Mode: pessimistic.NoWait})
+			l := newLocker(t, h, pessimistic.LockerConfig{})
+			other := newLocker(t, h, pessimistic.LockerConfig{OnHeld: pessimistic.NoWait})
 			ctx := t.Context()
 
 			err := l.LockMany(ctx, []string{"c", "a", "c", "b"}, func(ctx context.Context, tx contend.DBTX, locked []string) error {
@@ -134,7 +136,7 @@ func TestSkipLocked(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
 	products(t, db, 1, "a", "b", "c")
-	l := newLocker(t, db, pessimistic.Config{Mode: pessimistic.SkipLocked})
+	l := newLocker(t, db, pessimistic.LockerConfig{OnHeld: pessimistic.SkipLocked})
 	ctx := t.Context()
 	holder, _ := hold(t, db, "b")
 
@@ -170,7 +172,7 @@ func TestClaim(t *testing.T) {
 			_, err := db.Exec(`CREATE TABLE jobs (id text PRIMARY KEY, done boolean NOT NULL DEFAULT false);
 				INSERT INTO jobs (id) VALUES ('j1'), ('j2'), ('j3'), ('j4'), ('j5')`)
 			require.NoError(t, err)
-			l := newLocker(t, h, pessimistic.Config{Table: "jobs", ClaimWhere: "NOT done"})
+			l := newLocker(t, h, pessimistic.LockerConfig{Table: "jobs", ClaimWhere: "NOT done"})
 			ctx := t.Context()
 			finish := func(ctx context.Context, _ contend.DBTX, claimed []string) error {
 				for _, id := range claimed {
@@ -234,8 +236,9 @@ func TestInsideACallersTransaction(t *testing.T) {
 			require.NoError(t, err)
 			defer tx.Rollback()
 
-			l := newLocker(t, tx, pessimistic.Config{})
-			require.NoError(t, l.Lock(ctx, "p", func(ctx context.Context, q contend.DBTX) error {
+			l := newLocker(t, tx, pessimistic.LockerConfig{})
+			require.NoError(t, l.Do(ctx, "p", func(ctx context.Context) error {
+				q := contend.Querier(ctx, nil)
 				// q is the caller's transaction, watched by the library: the
 				// same server transaction.
 				var mine, callers int64
@@ -245,7 +248,7 @@ func TestInsideACallersTransaction(t *testing.T) {
 				return sell(ctx, q, "p")
 			}))
 			require.Equal(t, 3, stockOf(t, db, "p"), "not committed by the locker")
-			err = newLocker(t, db, pessimistic.Config{Mode: pessimistic.NoWait}).Do(ctx, "p", func(context.Context) error { return nil })
+			err = newLocker(t, db, pessimistic.LockerConfig{OnHeld: pessimistic.NoWait}).Do(ctx, "p", func(context.Context) error { return nil })
 			require.ErrorIs(t, err, contend.ErrConflict, "the lock is the caller's until it commits")
 
 			require.NoError(t, tx.Commit())
@@ -261,17 +264,20 @@ func TestNestedCallsJoinTheTransaction(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
 	products(t, db, 3, "a", "b")
-	l := newLocker(t, db, pessimistic.Config{})
+	l := newLocker(t, db, pessimistic.LockerConfig{})
 	adv, err := pessimistic.NewAdvisory(db, pessimistic.AdvisoryConfig{})
 	require.NoError(t, err)
 	ctx := t.Context()
 	boom := errors.New("boom")
-	err = l.Lock(ctx, "a", func(ctx context.Context, outer contend.DBTX) error {
+	err = l.Do(ctx, "a", func(ctx context.Context) error {
+		outer := contend.Querier(ctx, nil)
 		require.NoError(t, sell(ctx, outer, "a"))
-		return l.Lock(ctx, "b", func(ctx context.Context, inner contend.DBTX) error {
+		return l.Do(ctx, "b", func(ctx context.Context) error {
+			inner := contend.Querier(ctx, nil)
 			require.Equal(t, outer, inner)
 			require.NoError(t, sell(ctx, inner, "b"))
-			return adv.Lock(ctx, testserver.RandomName("x:"), func(ctx context.Context, innermost contend.DBTX) error {
+			return adv.Do(ctx, testserver.RandomName("x:"), func(ctx context.Context) error {
+				innermost := contend.Querier(ctx, nil)
 				require.Equal(t, outer, innermost)
 				return boom
 			})
@@ -304,12 +310,12 @@ func TestStrength(t *testing.T) {
 		return err
 	}
 
-	l := newLocker(t, db, pessimistic.Config{})
+	l := newLocker(t, db, pessimistic.LockerConfig{})
 	require.NoError(t, l.Do(ctx, "p", func(context.Context) error {
 		require.NoError(t, insertLine(), "FOR NO KEY UPDATE must not block a referencing insert")
 		return nil
 	}))
-	l = newLocker(t, db, pessimistic.Config{Strength: pessimistic.ForUpdate})
+	l = newLocker(t, db, pessimistic.LockerConfig{Strength: pessimistic.ForUpdate})
 	require.NoError(t, l.Do(ctx, "p", func(context.Context) error {
 		err := insertLine()
 		require.Equal(t, sqlerr.LockNotAvailable, sqlerr.Code(err), "FOR UPDATE blocks a referencing insert: %v", err)
@@ -329,7 +335,7 @@ func TestNonTextKeyColumn(t *testing.T) {
 			_, err := db.Exec(`CREATE TABLE accounts (number bigint PRIMARY KEY, balance bigint NOT NULL);
 				INSERT INTO accounts VALUES (1, 10), (2, 20)`)
 			require.NoError(t, err)
-			l := newLocker(t, h, pessimistic.Config{Table: "accounts", KeyColumn: "number"})
+			l := newLocker(t, h, pessimistic.LockerConfig{Table: "accounts", KeyColumn: "number"})
 			ctx := t.Context()
 			require.NoError(t, l.Do(ctx, "2", func(context.Context) error { return nil }))
 			require.ErrorIs(t, l.Do(ctx, "3", func(context.Context) error { return nil }), contend.ErrNotFound)
@@ -352,7 +358,7 @@ func TestLockTimeout(t *testing.T) {
 			products(t, db, 1, "p")
 			hold(t, db, "p")
 
-			l := newLocker(t, db, pessimistic.Config{LockTimeout: 100 * time.Millisecond})
+			l := newLocker(t, db, pessimistic.LockerConfig{LockTimeout: 100 * time.Millisecond})
 			began := time.Now()
 			err := l.Do(t.Context(), "p", func(context.Context) error { return errors.New("fn ran") })
 			require.ErrorIs(t, err, contend.ErrConflict)
@@ -361,7 +367,7 @@ func TestLockTimeout(t *testing.T) {
 			require.ErrorContains(t, err, "lock timeout")
 			require.GreaterOrEqual(t, time.Since(began), 100*time.Millisecond)
 
-			l = newLocker(t, db, pessimistic.Config{LockTimeout: time.Minute})
+			l = newLocker(t, db, pessimistic.LockerConfig{LockTimeout: time.Minute})
 			// Long enough that, on a loaded machine, ctx ends in the wait for
 			// the row and not while the call still begins its transaction,
 			// which is no lost race.
@@ -386,8 +392,9 @@ func TestLockTimeoutScope(t *testing.T) {
 		require.NoError(t, q.QueryRowContext(ctx, `SHOW lock_timeout`).Scan(&s))
 		return s
 	}
-	cfg := pessimistic.Config{LockTimeout: 250 * time.Millisecond}
-	require.NoError(t, newLocker(t, db, cfg).Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+	cfg := pessimistic.LockerConfig{LockTimeout: 250 * time.Millisecond}
+	require.NoError(t, newLocker(t, db, cfg).Do(ctx, "p", func(ctx context.Context) error {
+		tx := contend.Querier(ctx, nil)
 		require.Equal(t, "250ms", show(ctx, tx))
 		return nil
 	}))
@@ -397,7 +404,8 @@ func TestLockTimeoutScope(t *testing.T) {
 	defer tx.Rollback()
 	_, err = tx.Exec(`SET LOCAL lock_timeout = '7s'`)
 	require.NoError(t, err)
-	require.NoError(t, newLocker(t, tx, cfg).Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
+	require.NoError(t, newLocker(t, tx, cfg).Do(ctx, "p", func(ctx context.Context) error {
+		tx := contend.Querier(ctx, nil)
 		require.Equal(t, "7s", show(ctx, tx))
 		return nil
 	}))
@@ -416,7 +424,7 @@ func TestStatementTimeoutIsABackendError(t *testing.T) {
 	defer tx.Rollback()
 	_, err = tx.Exec(`SET LOCAL statement_timeout = 100`)
 	require.NoError(t, err)
-	err = newLocker(t, tx, pessimistic.Config{}).Do(t.Context(), "p", func(context.Context) error { return nil })
+	err = newLocker(t, tx, pessimistic.LockerConfig{}).Do(t.Context(), "p", func(context.Context) error { return nil })
 	require.Equal(t, sqlerr.QueryCanceled, sqlerr.Code(err), "%v", err)
 	require.NotErrorIs(t, err, contend.ErrConflict)
 	require.NotErrorIs(t, err, context.Canceled)

@@ -31,13 +31,13 @@ func mariaRows(t testing.TB, db *sqlx.DB, table string, keys ...string) {
 }
 
 func TestLockerIsAGuardOnMariaDB(t *testing.T) {
-	for _, mode := range []pessimistic.Mode{pessimistic.Wait, pessimistic.NoWait} {
+	for _, mode := range []pessimistic.OnHeld{pessimistic.Wait, pessimistic.NoWait} {
 		t.Run(mode.String(), func(t *testing.T) {
 			guardtest.Run(t, guardtest.Suite{
 				Driver: testserver.MariaDBDriver,
 				Setup:  func(t testing.TB, env guardtest.Env, keys []string) { mariaRows(t, env.DB, "locks", keys...) },
 				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
-					return pessimistic.New(db, pessimistic.Config{Table: "locks", Mode: mode})
+					return pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "locks", OnHeld: mode})
 				},
 				FailFast:  mode != pessimistic.Wait,
 				Exclusive: true,
@@ -79,9 +79,9 @@ func TestNestedLockReadsTheLatestCommitOnMariaDB(t *testing.T) {
 				},
 				func(t testing.TB, p harness.Params) harness.Op {
 					h := testserver.Handle(t, testserver.MariaDBDriver, p["url"]).(testserver.MariaDBHandle)
-					outer, err := pessimistic.New(h, pessimistic.Config{Table: "outers", Isolation: c.isolation})
+					outer, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "outers", Isolation: c.isolation})
 					require.NoError(t, err)
-					inner, err := pessimistic.New(h, pessimistic.Config{Table: "counters"})
+					inner, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "counters"})
 					require.NoError(t, err)
 					return func(ctx context.Context, key string) error {
 						// Outer rows are many, so that the outer locks keep
@@ -126,7 +126,7 @@ func TestLockManyAndClaimOnMariaDB(t *testing.T) {
 	h := testserver.Handle(t, testserver.MariaDBDriver, testserver.MariaDB(t)).(testserver.MariaDBHandle)
 	mariaRows(t, h.DB, "jobs", "a", "b", "c")
 	ctx := t.Context()
-	l, err := pessimistic.New(h, pessimistic.Config{Table: "jobs"})
+	l, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "jobs"})
 	require.NoError(t, err)
 	err = l.LockMany(ctx, []string{"c", "a", "c"}, func(_ context.Context, _ contend.DBTX, locked []string) error {
 		require.Equal(t, []string{"a", "c"}, locked)
@@ -137,9 +137,9 @@ func TestLockManyAndClaimOnMariaDB(t *testing.T) {
 	require.ErrorIs(t, err, contend.ErrNotFound)
 	require.ErrorIs(t, l.Do(ctx, "ghost", func(context.Context) error { return nil }), contend.ErrNotFound)
 
-	nowait, err := pessimistic.New(h, pessimistic.Config{Table: "jobs", Mode: pessimistic.NoWait})
+	nowait, err := pessimistic.NewLocker(h, pessimistic.LockerConfig{Table: "jobs", OnHeld: pessimistic.NoWait})
 	require.NoError(t, err)
-	err = l.Lock(ctx, "a", func(ctx context.Context, _ contend.DBTX) error {
+	err = l.Do(ctx, "a", func(ctx context.Context) error {
 		// Another caller, on a transaction of its own: t's ctx carries none.
 		other := t.Context()
 		err := nowait.Do(other, "a", func(context.Context) error { return nil })

@@ -12,7 +12,7 @@ import (
 )
 
 // What a Locker and an Advisory report to their Observer, and when, is
-// listed at Config.Observer. Every report is behind a nil check: without an
+// listed at LockerConfig.Observer. Every report is behind a nil check: without an
 // Observer a call builds no report and reads no clock for it.
 
 // strategy is the Strategy of pessimistic's events.
@@ -75,7 +75,7 @@ func (r *report) failed(ctx context.Context, err error, retryable bool) {
 // end reports how a call that failed with err ended, unless its last
 // attempt had the lock (its end is reported already) and the call did not
 // run out of retries.
-func (r *report) end(ctx context.Context, mode Mode, err error) {
+func (r *report) end(ctx context.Context, mode OnHeld, err error) {
 	if err == nil {
 		return
 	}

@@ -57,11 +57,11 @@ func TestLockerObserver(t *testing.T) {
 			db := testserver.DB(t, driver)
 			products(t, db, 10, "p")
 			var rec recorder
-			l := newLocker(t, db, pessimistic.Config{Mode: pessimistic.NoWait, Observer: &rec, Retry: contend.Retry{BaseDelay: time.Microsecond}})
+			l := newLocker(t, db, pessimistic.LockerConfig{OnHeld: pessimistic.NoWait, Observer: &rec, Retry: contend.Retry{BaseDelay: time.Microsecond}})
 			ctx := t.Context()
 
 			// The lock had, then the transaction's end.
-			require.NoError(t, l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error { return sell(ctx, tx, "p") }))
+			require.NoError(t, l.Do(ctx, "p", func(ctx context.Context) error { return sell(ctx, contend.Querier(ctx, nil), "p") }))
 			events := rec.take(t, "p", contend.EventObtained, contend.EventReleased)
 			require.Equal(t, 1, events[0].Attempts)
 			require.Positive(t, events[0].Wait)
@@ -94,7 +94,7 @@ func TestLockerObserver(t *testing.T) {
 			require.Equal(t, err, e.Err)
 
 			// A wait that the lock timeout ends.
-			waiter := newLocker(t, db, pessimistic.Config{LockTimeout: 20 * time.Millisecond, Observer: &rec})
+			waiter := newLocker(t, db, pessimistic.LockerConfig{LockTimeout: 20 * time.Millisecond, Observer: &rec})
 			err = waiter.Do(ctx, "p", func(context.Context) error { return nil })
 			require.ErrorIs(t, err, contend.ErrConflict)
 			e = rec.take(t, "p", contend.EventGaveUp)[0]
@@ -114,7 +114,7 @@ func TestAdvisoryObserver(t *testing.T) {
 	t.Parallel()
 	db := testserver.DB(t, "pgx")
 	var rec recorder
-	a := advisory(t, db, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait, Observer: &rec})
+	a := advisory(t, db, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait, Observer: &rec})
 	ctx := t.Context()
 
 	require.NoError(t, a.Do(ctx, "k", func(context.Context) error { return nil }))

@@ -5,7 +5,7 @@ import "github.com/contend/contend"
 // Promises says what Do promises: fn runs alone for its key, across
 // processes, in the guard's transaction; it waits for a held key in [Wait]
 // mode. A deadlock or serialization failure runs the transaction again, fn
-// included, unless Config.Retry allows one attempt.
+// included, unless LockerConfig.Retry allows one attempt.
 func (l *Locker) Promises() contend.Promises { return l.r.promises() }
 
 // Promises is [Locker.Promises], for the advisory lock.

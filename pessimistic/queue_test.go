@@ -21,7 +21,7 @@ import (
 // the whole pool and the cold call times out (workload.HotWaiters).
 func TestQueueLeavesThePoolToOtherKeys(t *testing.T) {
 	workload.HotWaiters(t, func(*testing.T, *sqlx.DB) {}, func(t *testing.T, pool *sqlx.DB, queued bool) contend.Guard {
-		return newLocker(t, pool, pessimistic.Config{NoLocalQueue: !queued})
+		return newLocker(t, pool, pessimistic.LockerConfig{NoLocalQueue: !queued})
 	})
 }
 
@@ -36,7 +36,7 @@ func TestQueueWaiterLeavesWhenCtxEnds(t *testing.T) {
 	products(t, db, 10, "hot")
 	_, pid := hold(t, db, "hot")
 	pool := testserver.Open(t, "pgx", url)
-	l := newLocker(t, pool, pessimistic.Config{})
+	l := newLocker(t, pool, pessimistic.LockerConfig{})
 
 	errs := make(chan error, 2)
 	for range 2 {
@@ -81,7 +81,7 @@ func TestNestedCallSkipsTheQueue(t *testing.T) {
 	db := testserver.Open(t, "pgx", url)
 	products(t, db, 10, "p")
 	pool := testserver.Open(t, "pgx", url)
-	l := newLocker(t, pool, pessimistic.Config{})
+	l := newLocker(t, pool, pessimistic.LockerConfig{})
 	sellP := func(ctx context.Context) error { return sell(ctx, contend.Querier(ctx, pool), "p") }
 
 	errs := make(chan error, 2)

@@ -16,13 +16,13 @@ import (
 	"github.com/contend/contend/internal/txn"
 )
 
-// Mode says what a lock does when another transaction holds it.
-type Mode int
+// OnHeld says what a lock does when another transaction holds it.
+type OnHeld int
 
 const (
 	// Wait queues behind the holder until it commits or rolls back, until
 	// the lock timeout passes, or until ctx ends. The default.
-	Wait Mode = iota
+	Wait OnHeld = iota
 	// NoWait gives up at once with an error matching [contend.ErrConflict]
 	// (SQL NOWAIT). The server reports it as an error, which aborts the
 	// transaction: inside a caller's transaction, the caller must roll back.
@@ -31,12 +31,12 @@ const (
 	// LOCKED), so workers taking rows from one table never queue behind each
 	// other: see [Locker.Claim]. A single held row gives
 	// [contend.ErrConflict], without aborting the transaction. Rows only;
-	// advisory locks have no such mode.
+	// advisory locks have no such policy.
 	SkipLocked
 )
 
-// String returns the mode as SQL spells it, or "wait".
-func (m Mode) String() string {
+// String returns the policy as SQL spells it, or "wait".
+func (m OnHeld) String() string {
 	switch m {
 	case Wait:
 		return "wait"
@@ -45,7 +45,7 @@ func (m Mode) String() string {
 	case SkipLocked:
 		return "SKIP LOCKED"
 	}
-	return "Mode(" + strconv.Itoa(int(m)) + ")"
+	return "OnHeld(" + strconv.Itoa(int(m)) + ")"
 }
 
 // runner is what a [Locker] and an [Advisory] share: where transactions come
@@ -54,7 +54,7 @@ func (m Mode) String() string {
 type runner struct {
 	db      sqldb.DB
 	opts    txn.Options
-	mode    Mode
+	mode    OnHeld
 	timeout time.Duration // 0: the server's lock_timeout applies
 	// setTimeout sets the lock timeout: "SET LOCAL lock_timeout = <ms>" on
 	// PostgreSQL, setMySQLTimeout's statement on MySQL; "" without a
@@ -62,11 +62,11 @@ type runner struct {
 	setTimeout string
 	observer   contend.Observer // nil: report nothing
 	// line queues the calls of one key in the process in front of the
-	// lock (Config.NoLocalQueue); nil when they go to the server at once.
+	// lock (LockerConfig.NoLocalQueue); nil when they go to the server at once.
 	line *keyline.Lines
 }
 
-func newRunner(db contend.DB, mode Mode, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry, observer contend.Observer) (runner, error) {
+func newRunner(db contend.DB, mode OnHeld, timeout, finish time.Duration, isolation sql.IsolationLevel, retry contend.Retry, observer contend.Observer) (runner, error) {
 	d, err := sqldb.Open(db)
 	if err != nil {
 		return runner{}, fmt.Errorf("pessimistic: %w", err)

@@ -17,7 +17,7 @@ import (
 
 // lockerOnCounters is a Locker on the conformance suite's counter rows.
 func lockerOnCounters(t testing.TB, env guardtest.Env) contend.Guard {
-	l, err := pessimistic.New(env.Handle, pessimistic.Config{Table: "guardtest_counters", KeyColumn: "key"})
+	l, err := pessimistic.NewLocker(env.Handle, pessimistic.LockerConfig{Table: "guardtest_counters", KeyColumn: "key"})
 	require.NoError(t, err)
 	return l
 }
@@ -42,7 +42,7 @@ func TestCarelessNestedLockTellsTheTruth(t *testing.T) {
 					lockRows(t, env, keys)
 				},
 				NewOn: func(_ guardtest.Env, db contend.DB) (contend.Guard, error) {
-					return pessimistic.New(db, pessimistic.Config{Table: "locks"})
+					return pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "locks"})
 				},
 			}
 			nested, _ := guardtest.CarelessNesting(t, s, 20, lockerOnCounters)
@@ -66,7 +66,7 @@ func TestNestedOnAnotherDatabaseIsRefused(t *testing.T) {
 				} else {
 					lockRows(t, guardtest.Env{DB: db}, []string{"k"})
 				}
-				l, err := pessimistic.New(testserver.Handle(t, driver, u), pessimistic.Config{Table: "locks"})
+				l, err := pessimistic.NewLocker(testserver.Handle(t, driver, u), pessimistic.LockerConfig{Table: "locks"})
 				require.NoError(t, err)
 				return l
 			}
@@ -124,7 +124,7 @@ func TestDeadTransactionStaysDeadOnMariaDB(t *testing.T) {
 		return db.Get(&n, "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id = ?", otherID) == nil && n == 1
 	}, 10*time.Second, 10*time.Millisecond, "the other transaction never waited for a")
 
-	l, err := pessimistic.New(mysqldb.Wrap(tx), pessimistic.Config{Table: "locks", LockTimeout: 3 * time.Second})
+	l, err := pessimistic.NewLocker(mysqldb.Wrap(tx), pessimistic.LockerConfig{Table: "locks", LockTimeout: 3 * time.Second})
 	require.NoError(t, err)
 	ran := false
 	err = l.Do(ctx, "b", func(context.Context) error { ran = true; return nil })

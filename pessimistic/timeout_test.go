@@ -33,19 +33,19 @@ func TestLockTimeoutIsRestoredWhenTheLockFails(t *testing.T) {
 		want error
 	}{
 		"skip locked, held": {func(tx contend.DBTX) error {
-			l := newLocker(t, tx, pessimistic.Config{Mode: pessimistic.SkipLocked, LockTimeout: 50 * time.Millisecond})
+			l := newLocker(t, tx, pessimistic.LockerConfig{OnHeld: pessimistic.SkipLocked, LockTimeout: 50 * time.Millisecond})
 			return l.Do(ctx, "held", func(context.Context) error { return nil })
 		}, contend.ErrConflict},
 		"missing row": {func(tx contend.DBTX) error {
-			l := newLocker(t, tx, pessimistic.Config{LockTimeout: 50 * time.Millisecond})
+			l := newLocker(t, tx, pessimistic.LockerConfig{LockTimeout: 50 * time.Millisecond})
 			return l.Do(ctx, "nosuchrow", func(context.Context) error { return nil })
 		}, contend.ErrNotFound},
 		"advisory nowait, held": {func(tx contend.DBTX) error {
-			a := advisory(t, tx, pessimistic.AdvisoryConfig{Mode: pessimistic.NoWait, LockTimeout: 50 * time.Millisecond})
+			a := advisory(t, tx, pessimistic.AdvisoryConfig{OnHeld: pessimistic.NoWait, LockTimeout: 50 * time.Millisecond})
 			return a.Do(ctx, "adv", func(context.Context) error { return nil })
 		}, contend.ErrConflict},
 		"success": {func(tx contend.DBTX) error {
-			l := newLocker(t, tx, pessimistic.Config{LockTimeout: 50 * time.Millisecond})
+			l := newLocker(t, tx, pessimistic.LockerConfig{LockTimeout: 50 * time.Millisecond})
 			return l.Do(ctx, "free", func(context.Context) error { return nil })
 		}, nil},
 	} {

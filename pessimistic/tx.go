@@ -25,7 +25,7 @@ type TxOptions struct {
 	// defaults.
 	Retry contend.Retry
 	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK, as
-	// [Config.FinishTimeout] does. Default: 5s.
+	// [LockerConfig.FinishTimeout] does. Default: 5s.
 	FinishTimeout time.Duration
 }
 
@@ -43,7 +43,7 @@ type TxOptions struct {
 // attempts run out, the error matches [contend.ErrConflict] and keeps the
 // server's. A nil opts means the defaults.
 //
-// db is a pool (see [New]). When db is a transaction the caller owns, or ctx
+// db is a pool (see [NewLocker]). When db is a transaction the caller owns, or ctx
 // carries one (InTx inside a guard's fn), fn runs once in it, nothing is
 // committed, and a deadlock is returned for the owner to run its
 // transaction again. It returns fn's error unchanged, ctx's error when ctx

@@ -97,7 +97,7 @@ func ExampleInTx_pgx() {
 	}
 	defer pool.Close()
 	db := pgxdb.Wrap(pool)
-	accounts, err := pessimistic.New(db, pessimistic.Config{Table: "accounts"})
+	accounts, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "accounts"})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -6,7 +6,7 @@
 //	pool, err := pgxpool.New(ctx, dsn)
 //	...
 //	db := pgxdb.Wrap(pool)
-//	l, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
+//	l, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "products"})
 //	...
 //	err = l.Do(ctx, "sku-1", func(ctx context.Context) error {
 //		_, err := pgxdb.Querier(ctx, pool).Exec(ctx, `UPDATE products SET stock = stock - 1 WHERE id = $1`, "sku-1")

@@ -48,7 +48,7 @@ func TestWrapRefusesWhatItCannotClassify(t *testing.T) {
 		"nil conn":  pgxdb.Wrap(nilConn),
 		"unwrapped": setup(t),
 	} {
-		_, err := pessimistic.New(db, pessimistic.Config{Table: "products"})
+		_, err := pessimistic.NewLocker(db, pessimistic.LockerConfig{Table: "products"})
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
 		_, err = optimistic.NewGuard(db, optimistic.Config{Table: "products"})
 		require.ErrorIs(t, err, contend.ErrInvalid, name)
@@ -65,10 +65,10 @@ func TestQuerierIsTheGuardsTransaction(t *testing.T) {
 	ctx := t.Context()
 	require.Same(t, pool, pgxdb.Querier(ctx, pool).(*pgxpool.Pool))
 
-	l, err := pessimistic.New(pgxdb.Wrap(pool), pessimistic.Config{Table: "products"})
+	l, err := pessimistic.NewLocker(pgxdb.Wrap(pool), pessimistic.LockerConfig{Table: "products"})
 	require.NoError(t, err)
-	err = l.Lock(ctx, "p", func(ctx context.Context, tx contend.DBTX) error {
-		require.Nil(t, tx, "a pgx guard has no database/sql transaction to give")
+	err = l.Do(ctx, "p", func(ctx context.Context) error {
+		require.Nil(t, contend.Querier(ctx, nil), "a pgx guard has no database/sql transaction to give")
 		q := pgxdb.Querier(ctx, pool)
 		_, isTx := q.(pgx.Tx)
 		require.True(t, isTx, "fn gets the guard's pgx.Tx, not the pool: %T", q)
@@ -98,7 +98,7 @@ func TestCallersTransactionIsJoined(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	inTx, err := pessimistic.New(pgxdb.Wrap(tx), pessimistic.Config{Table: "products"})
+	inTx, err := pessimistic.NewLocker(pgxdb.Wrap(tx), pessimistic.LockerConfig{Table: "products"})
 	require.NoError(t, err)
 	onPool, err := optimistic.NewGuard(pgxdb.Wrap(pool), optimistic.Config{Table: "products"})
 	require.NoError(t, err)
@@ -126,9 +126,9 @@ func TestGuardsOfTwoDriversDoNotNest(t *testing.T) {
 	_, err := std.Exec(`CREATE TABLE products (id text PRIMARY KEY, stock int NOT NULL); INSERT INTO products VALUES ('p', 1)`)
 	require.NoError(t, err)
 	ctx := t.Context()
-	ofPgx, err := pessimistic.New(native, pessimistic.Config{Table: "products"})
+	ofPgx, err := pessimistic.NewLocker(native, pessimistic.LockerConfig{Table: "products"})
 	require.NoError(t, err)
-	ofStd, err := pessimistic.New(std, pessimistic.Config{Table: "products"})
+	ofStd, err := pessimistic.NewLocker(std, pessimistic.LockerConfig{Table: "products"})
 	require.NoError(t, err)
 
 	ran := false

@@ -30,7 +30,7 @@
 //	raw               the bare conditional UPDATE through database/sql: the floor
 //	atomic            atomic.Update / Claimer.Claim
 //	pessimistic       pessimistic.Locker.Do around a read-check-write
-//	pessimistic-noqueue  the same with Config.NoLocalQueue: every waiter
+//	pessimistic-noqueue  the same with LockerConfig.NoLocalQueue: every waiter
 //	                  for a held row holds a connection (think workloads only)
 //	optimistic        optimistic.Store.Update (version check, retry)
 //	optimistic-guard  optimistic.Guard.Do around the read-check-write

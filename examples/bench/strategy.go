@@ -323,12 +323,12 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 	case "atomic-pgx":
 		return atomicOp(ctx, pgxdb.Wrap(b.pool), b.sql, workload)
 	case "pessimistic":
-		l, err := pessimistic.New(b.h, pessimistic.Config{Table: table(workload)})
+		l, err := pessimistic.NewLocker(b.h, pessimistic.LockerConfig{Table: table(workload)})
 		return load.Guarded(l, rcw), nothing, err
 	case "pessimistic-noqueue":
 		// Every waiter for a held row waits at the server, holding a
 		// pooled connection: the Locker as it was before its queue.
-		l, err := pessimistic.New(b.h, pessimistic.Config{Table: table(workload), NoLocalQueue: true})
+		l, err := pessimistic.NewLocker(b.h, pessimistic.LockerConfig{Table: table(workload), NoLocalQueue: true})
 		return load.Guarded(l, rcw), nothing, err
 	case "optimistic-guard":
 		// The optimistic Guard around the read-check-write, the same shape
@@ -397,14 +397,14 @@ func atomicOp(ctx context.Context, db contend.DB, d dialect, workload string) (h
 			return err
 		}, func() {}, nil
 	}
-	cl, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "jobs"})
+	cl, err := atomic.NewClaimer(db, atomic.ClaimerConfig{Table: "jobs"})
 	if err != nil {
 		return nil, nil, err
 	}
 	return func(ctx context.Context, key string) error {
 		_, err := cl.Claim(ctx, key)
 		return err
-	}, func() { cl.Close() }, nil
+	}, func() { cl.Close(context.Background()) }, nil
 }
 
 func table(workload string) string {

@@ -207,14 +207,14 @@ func startInstance(ctx context.Context, name, dbURL string, engines Spawner) (*i
 	if err != nil {
 		return nil, err
 	}
-	svc, err := NewService(ctx, db, engines, log.New(os.Stdout, "    "+name+" logs: ", 0))
+	svc, err := NewService(db, engines, log.New(os.Stdout, "    "+name+" logs: ", 0))
 	if err != nil {
 		db.Close()
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		svc.Close()
+		svc.Close(ctx)
 		db.Close()
 		return nil, err
 	}
@@ -239,7 +239,7 @@ func (in *instance) close(ctx context.Context) error {
 	if serr := <-in.served; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
 	}
-	return errors.Join(err, in.svc.Close(), in.db.Close())
+	return errors.Join(err, in.svc.Close(ctx), in.db.Close())
 }
 
 // answer is an HTTP response as the demo and the tests look at it.

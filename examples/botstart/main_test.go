@@ -42,9 +42,9 @@ func setup(t *testing.T, driver string, engines *Engines) *env {
 	_, err = e.db.Exec(`INSERT INTO bots (id) VALUES ('bot-1')`)
 	require.NoError(t, err)
 	for range 2 {
-		svc, err := NewService(t.Context(), testserver.Open(t, driver, url), engines, log.New(t.Output(), "", 0))
+		svc, err := NewService(testserver.Open(t, driver, url), engines, log.New(t.Output(), "", 0))
 		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, svc.Close()) })
+		t.Cleanup(func() { require.NoError(t, svc.Close(context.Background())) })
 		srv := httptest.NewServer(svc.Handler())
 		t.Cleanup(srv.Close)
 		e.servers = append(e.servers, srv)
@@ -308,7 +308,7 @@ func TestServe(t *testing.T) {
 	db := testserver.Open(t, "pgx", testserver.Postgres(t))
 	svc, err := newServeService(t.Context(), db, []string{"bot-1", " bot-2"}, &Engines{}, log.New(t.Output(), "", 0))
 	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, svc.Close()) })
+	t.Cleanup(func() { require.NoError(t, svc.Close(context.Background())) })
 	srv := httptest.NewServer(svc.Handler())
 	t.Cleanup(srv.Close)
 	post := func(path string) answer {
@@ -363,7 +363,7 @@ func TestServe(t *testing.T) {
 	// Preparing again, as a restarted -serve does, keeps the bots' state.
 	restarted, err := newServeService(t.Context(), db, []string{"bot-1"}, &Engines{}, log.New(t.Output(), "", 0))
 	require.NoError(t, err)
-	require.NoError(t, restarted.Close())
+	require.NoError(t, restarted.Close(t.Context()))
 	require.Len(t, svc.engines.(*Engines).Running(), 2)
 	var claimed int
 	require.NoError(t, db.Get(&claimed, `SELECT count(*) FROM bots WHERE engine_id IS NOT NULL`))

@@ -28,7 +28,7 @@ func serve(ctx context.Context, addr, dbURL string, bots []string, spawnDelay ti
 	if err != nil {
 		return err
 	}
-	defer func() { err = errors.Join(err, svc.Close()) }()
+	defer func() { err = errors.Join(err, svc.Close(context.WithoutCancel(ctx))) }()
 
 	srv := &http.Server{Addr: addr, Handler: svc.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
@@ -56,7 +56,7 @@ func newServeService(ctx context.Context, db *sqlx.DB, bots []string, engines Sp
 	if err := prepare(ctx, db, bots...); err != nil {
 		return nil, err
 	}
-	return NewService(ctx, db, engines, logger)
+	return NewService(db, engines, logger)
 }
 
 // prepare creates the bots table on db, and a stopped bot for each id, unless

@@ -45,10 +45,11 @@ type Service struct {
 	log     *log.Logger // errors answered with 500, whose details the client does not see
 }
 
-// NewService prepares a service on db, whose bots table must exist. It never
+// NewService returns a service on db, whose bots table must exist. It does
+// no I/O (the claimer prepares its statements at its first claim) and never
 // closes db.
-func NewService(ctx context.Context, db *sqlx.DB, engines Spawner, logger *log.Logger) (*Service, error) {
-	claims, err := atomic.NewClaimer(ctx, db, atomic.ClaimConfig{Table: "bots", OwnerColumn: "engine_id"})
+func NewService(db *sqlx.DB, engines Spawner, logger *log.Logger) (*Service, error) {
+	claims, err := atomic.NewClaimer(db, atomic.ClaimerConfig{Table: "bots", OwnerColumn: "engine_id"})
 	if err != nil {
 		return nil, fmt.Errorf("botstart: %w", err)
 	}
@@ -70,8 +71,9 @@ func NewService(ctx context.Context, db *sqlx.DB, engines Spawner, logger *log.L
 	return &Service{db: db, claims: claims, keyed: keyed, engines: engines, log: logger}, nil
 }
 
-// Close releases the service's prepared statements.
-func (s *Service) Close() error { return s.claims.Close() }
+// Close waits, as long as ctx lets it, for the releases of claims whose
+// outcome was unknown, and releases the service's prepared statements.
+func (s *Service) Close(ctx context.Context) error { return s.claims.Close(ctx) }
 
 // Handler returns the service's routes.
 func (s *Service) Handler() http.Handler {

@@ -442,7 +442,7 @@ func serve(o orders, in io.Reader, out io.Writer) (outcome, error) {
 // withQueue is set, and returns s with what closes it.
 func openShop(ctx context.Context, s *shop, rdb *redis.Client, prefix string, withQueue bool) (*shop, func(), error) {
 	var err error
-	if s.locker, err = pessimistic.New(s.h, pessimistic.Config{Table: "products"}); err != nil {
+	if s.locker, err = pessimistic.NewLocker(s.h, pessimistic.LockerConfig{Table: "products"}); err != nil {
 		return nil, nil, err
 	}
 	// Every buyer retries on the one hot row: allow many attempts.
