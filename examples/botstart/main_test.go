@@ -397,7 +397,7 @@ func TestServeDoubleClickWithIdempotencyKey(t *testing.T) {
 		db := testserver.Open(t, "pgx", url)
 		svc, err := newServeService(t.Context(), db, []string{"bot-1"}, engines, log.New(t.Output(), "", 0))
 		require.NoError(t, err, "instance %d", i)
-		t.Cleanup(func() { require.NoError(t, svc.Close()) })
+		t.Cleanup(func() { require.NoError(t, svc.Close(context.Background())) })
 		srv := httptest.NewServer(svc.Handler())
 		t.Cleanup(srv.Close)
 		servers = append(servers, srv)

@@ -58,7 +58,7 @@ func NewService(db *sqlx.DB, engines Spawner, logger *log.Logger) (*Service, err
 	// together, and a second click with the key gets the first one's 200.
 	keys, err := idempotency.New(db, idempotency.Config{Table: "idempotency_keys"})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("botstart: %w", err), claims.Close())
+		return nil, errors.Join(fmt.Errorf("botstart: %w", err), claims.Close(context.Background()))
 	}
 	keyed, err := idempotency.Middleware(keys, idempotency.HTTPConfig{
 		// The story has no accounts: a real service scopes keys by the
@@ -66,7 +66,7 @@ func NewService(db *sqlx.DB, engines Spawner, logger *log.Logger) (*Service, err
 		Principal: func(r *http.Request) (string, error) { return "anyone", nil },
 	})
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("botstart: %w", err), claims.Close())
+		return nil, errors.Join(fmt.Errorf("botstart: %w", err), claims.Close(context.Background()))
 	}
 	return &Service{db: db, claims: claims, keyed: keyed, engines: engines, log: logger}, nil
 }
