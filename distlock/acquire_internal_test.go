@@ -30,7 +30,7 @@ func TestAttemptThatFindsItsGrantLeavesTheQueue(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, keys[0], tok, time.Minute).Err())
 	require.NoError(t, rdb.Set(ctx, keys[1], 41, 0).Err())
 
-	l, err := c.attempt(ctx, "job", keys, &waiter{tok: tok, ttl: time.Minute})
+	l, err := c.try(ctx, "job", keys, &waiter{tok: tok, ttl: time.Minute}, true)
 	require.NoError(t, err)
 	require.NotNil(t, l, "the attempt did not find its grant")
 	require.Equal(t, int64(41), l.Fence())

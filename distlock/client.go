@@ -13,7 +13,7 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/internal/ctxerr"
-	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/inflight"
 	"github.com/contend/contend/internal/scriptbatch"
 	"github.com/contend/contend/internal/token"
 )
@@ -61,7 +61,7 @@ type Client struct {
 	seed  maphash.Seed
 	calls *scriptbatch.Sender
 	// cleanups counts the leaves under way that no caller waits for.
-	cleanups keepalive.Group
+	cleanups inflight.Group
 
 	mu      sync.Mutex                 // protects the fields below
 	waiters map[string]*waiter         // by token: whom a release's message wakes, no more
@@ -205,7 +205,7 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 			return c.wait(ctx, key, keys, w, !deferred, 0)
 		}
 	}
-	l, err := c.take(ctx, key, keys, w)
+	l, err := c.try(ctx, key, keys, w, false)
 	if l == nil && err == nil && wait {
 		return c.wait(ctx, key, keys, w, true, 1)
 	}
@@ -239,34 +239,28 @@ func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *w
 	return fmt.Errorf("distlock: obtain %q: %w", key, err)
 }
 
-// take is the common obtain, of a free key: a small script sets the lock
-// if nobody holds it and moves the fencing counter, costing a fraction of
-// what the acquire script does, and queues nothing. It returns nil when the
-// key is held.
+// try makes one attempt for w, whose last call it is, and returns the lock
+// when w holds it, nil when not. Both scripts answer with w's fencing token
+// when it holds the lock, 0 when not.
 //
-// A key whose holder's lease ran out while others were queued for it is
-// free, and take gives it to the caller rather than to the oldest waiter:
-// the one place a newcomer can go first. The lock is then marked, so that
-// the newcomer's release serves the waiters.
-func (c *Client) take(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
-	l, err := c.try(ctx, key, keys, w, takeScript, keys[:3], leaseArgs(w.tok, w.ttl))
-	if l != nil {
-		l.taken = true
+// Without queue it is the common obtain, of a free key: take.lua sets the
+// lock if nobody holds it and moves the fencing counter, costing a fraction
+// of what the acquire script does, and queues nothing. A key whose holder's
+// lease ran out while others were queued for it is free, and take gives it
+// to the caller rather than to the oldest waiter: the one place a newcomer
+// can go first. The lock is then marked taken, so that the newcomer's
+// release serves the waiters. On an error, the caller's clean-up releases
+// what it may have taken.
+//
+// With queue, acquire.lua queues w if the key is held. Its arguments: the
+// waiter's token and TTL, where a release tells it to look, how long its
+// place in the queue lasts, and the grant lease it asks for.
+func (c *Client) try(ctx context.Context, key string, keys []string, w *waiter, queue bool) (*Lock, error) {
+	script, scriptKeys, args := takeScript, keys[:3], leaseArgs(w.tok, w.ttl)
+	if queue {
+		script, scriptKeys = acquireScript, keys
+		args = []any{w.tok, ms(w.ttl), "1", c.channel, ms(c.waiterLease()), ms(c.grantLease(w.ttl))}
 	}
-	return l, err // on an error, the caller's clean-up releases what it may have taken
-}
-
-// attempt runs the acquire script once, queueing the caller if the key is
-// held. It returns the lock when the caller holds it, nil when not.
-func (c *Client) attempt(ctx context.Context, key string, keys []string, w *waiter) (*Lock, error) {
-	args := acquireArgs(w.tok, w.ttl, c.channel, c.waiterLease(), c.grantLease(w.ttl))
-	return c.try(ctx, key, keys, w, acquireScript, keys, args)
-}
-
-// try runs script, on scriptKeys of keys, for w, whose last call it is: a
-// script that answers with w's fencing token when w holds the lock, 0 when
-// not.
-func (c *Client) try(ctx context.Context, key string, keys []string, w *waiter, script *redis.Script, scriptKeys []string, args []any) (*Lock, error) {
 	began := time.Now()
 	cmd, ended := c.calls.Start(ctx, script, scriptKeys, args...)
 	w.ended = ended
@@ -274,7 +268,9 @@ func (c *Client) try(ctx context.Context, key string, keys []string, w *waiter, 
 	if err != nil || fence == 0 {
 		return nil, err
 	}
-	return newLock(c, key, keys, w.tok, fence, w.ttl, c.validity(began, w.ttl)), nil
+	l := newLock(c, &c.base, key, keys, w.tok, fence, w.ttl, c.validity(began, w.ttl))
+	l.taken = !queue
+	return l, nil
 }
 
 // refresh, release and pttl make the Client a lockOwner.

@@ -83,13 +83,15 @@ const releaseTimeout = 5 * time.Second
 // A releaseClock gives clean-up calls that must run even when the
 // caller's ctx has ended (a release, a waiter leaving the queue) a context
 // of their own that ends releaseTimeout later, give or take a tick: the
-// calls of one tick share one channel and one timer. A timer per release
-// would cost more than the release: a timer due before every other one
-// makes the runtime wake a thread to watch it. The zero value is ready.
+// calls of one tick share one deadline context, and its timer. A timer per
+// release would cost more than the release: a timer due before every other
+// one makes the runtime wake a thread to watch it. The zero value is ready.
 type releaseClock struct {
-	mu   sync.Mutex // protects the fields below
-	at   time.Time  // when done closes
-	done chan struct{}
+	mu   sync.Mutex      // protects the fields below
+	at   time.Time       // tick's deadline
+	tick context.Context // ends at at
+	// stop is tick's cancel, never called: its deadline's timer frees it.
+	stop context.CancelFunc
 }
 
 // releaseTick is how much later than releaseTimeout a clean-up call may end.
@@ -102,28 +104,26 @@ func (rc *releaseClock) context(ctx context.Context) context.Context {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if !at.Equal(rc.at) {
-		done := make(chan struct{})
-		rc.at, rc.done = at, done
-		time.AfterFunc(time.Until(at), func() { close(done) })
+		rc.at = at
+		rc.tick, rc.stop = context.WithDeadline(context.Background(), at)
 	}
-	return &releaseContext{Context: context.WithoutCancel(ctx), at: rc.at, done: rc.done}
+	return releaseContext{Context: rc.tick, values: context.WithoutCancel(ctx)}
 }
 
+// A releaseContext is a tick's deadline, on a caller's values.
 type releaseContext struct {
-	context.Context // ctx without its cancellation, for its values
-	at              time.Time
-	done            chan struct{}
+	context.Context                 // the tick's: Deadline, Done and Err
+	values          context.Context // the caller's ctx without its cancellation
 }
 
-func (c *releaseContext) Deadline() (time.Time, bool) { return c.at, true }
-func (c *releaseContext) Done() <-chan struct{}       { return c.done }
-func (c *releaseContext) Err() error {
-	select {
-	case <-c.done:
-		return context.DeadlineExceeded
-	default:
-		return nil
+// Value looks in the tick first, which has no values but its cancellation
+// (found by context.Cause, and by the contexts derived from this one, which
+// it then ends without a goroutine each), then in the caller's ctx.
+func (c releaseContext) Value(key any) any {
+	if v := c.Context.Value(key); v != nil {
+		return v
 	}
+	return c.values.Value(key)
 }
 
 // healthInterval is how long the subscription may stay silent before it is

@@ -25,20 +25,16 @@ type holdReport struct {
 // reportObtained reports that l was obtained by a call that began at began
 // and made attempts, and keeps what the report of its hold's end needs.
 func (l *Lock) reportObtained(ctx context.Context, began time.Time, attempts int) {
-	o := l.base.observer
-	if o == nil {
+	if l.base.observer == nil {
 		return
 	}
 	now := time.Now()
 	l.report = holdReport{at: now, wait: now.Sub(began), attempts: attempts}
-	o.Observe(ctx, contend.Event{
-		Kind: contend.EventObtained, Strategy: strategy, Key: l.key,
-		Wait: l.report.wait, Attempts: attempts, Fence: l.fence,
-	})
+	l.reportHold(ctx, contend.EventObtained, nil)
 }
 
-// reportHold reports an event of l's hold: its end (released or lost), or
-// a failure (Err) while it lasts.
+// reportHold reports an event of l's hold: its start (obtained), its end
+// (released or lost), or a failure (Err) while it lasts.
 func (l *Lock) reportHold(ctx context.Context, kind contend.EventKind, err error) {
 	o := l.base.observer
 	if o == nil {

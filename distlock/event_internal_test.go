@@ -20,7 +20,7 @@ func BenchmarkReport(b *testing.B) {
 	}{{"observer=none", nil}, {"observer=noop", noop}} {
 		b.Run(bc.name, func(b *testing.B) {
 			c := &Client{base: base{observer: bc.observer}}
-			l := newLock(c, "k", nil, "token", 1, time.Minute, time.Now().Add(time.Minute))
+			l := newLock(c, &c.base, "k", nil, "token", 1, time.Minute, time.Now().Add(time.Minute))
 			ctx := b.Context()
 			began := time.Now()
 			b.ReportAllocs()

@@ -22,7 +22,7 @@ import (
 // connection each, and a shared channel for all processes would wake every
 // process at every release.
 type subscriber struct {
-	ps      *redis.PubSub // set and replaced under the client's mu
+	ps      *redis.PubSub // set and replaced by listen under the client's mu
 	settled chan struct{} // closed by settle once the first subscription succeeded or failed
 	settle  func()
 	healthy atomic.Bool   // subscribed now: releases' messages will arrive
@@ -86,25 +86,24 @@ func parseGrant(msg string) (tok string, g grant) {
 // wake wakes w with g. A grant for a waiter that has just given up is not
 // lost: that waiter's leave finds the lock handed to it and passes it on.
 //
-// A hand-over's grant replaces a request to look that is still unread:
-// the waiter would otherwise look, by an attempt of its own, for what the
-// grant says.
+// A hand-over's grant replaces a request to look that is still unread
+// (a waiter is handed the lock once, so nothing else can be there): the
+// waiter would otherwise look, by an attempt of its own, for what the grant
+// says.
 func wake(w *waiter, g grant) {
-	select {
-	case w.wake <- g:
-		return
-	default:
-	}
-	if g.fence == 0 {
-		return // already woken; the waiter checks anyway
-	}
-	select {
-	case <-w.wake:
-	default:
-	}
-	select {
-	case w.wake <- g:
-	default: // a request to look came in between: the waiter's attempt finds its hold
+	for {
+		select {
+		case w.wake <- g:
+			return
+		default:
+		}
+		if g.fence == 0 {
+			return // already woken; the waiter checks anyway
+		}
+		select {
+		case <-w.wake: // a request to look: the grant takes its place
+		default:
+		}
 	}
 }
 
@@ -142,16 +141,12 @@ func (c *Client) subscribe(s *subscriber) bool {
 	return true
 }
 
+// listen receives the subscription's messages until the client closes. It
+// returns only once Close has begun, which closes the subscription it finds;
+// one made later is closed by subscribe. listen is the only writer of s.ps,
+// and reads it without the client's mu.
 func (c *Client) listen(s *subscriber) {
 	defer close(s.done)
-	defer func() {
-		c.mu.Lock()
-		ps := s.ps
-		c.mu.Unlock()
-		if ps != nil {
-			_ = ps.Close()
-		}
-	}()
 	if !c.subscribe(s) {
 		return
 	}
@@ -225,10 +220,7 @@ func (c *Client) resubscribe(s *subscriber, st *listenState) bool {
 		return false
 	case <-t.C:
 	}
-	c.mu.Lock()
-	old := s.ps
-	c.mu.Unlock()
-	_ = old.Close()
+	_ = s.ps.Close()
 	return c.subscribe(s)
 }
 

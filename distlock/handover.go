@@ -134,32 +134,28 @@ func (c *Client) pass(ctx context.Context, keys []string, tok string, along *wai
 	return outcome{next: along.tok, fence: fence, at: began, inTurn: true}, nil, nil
 }
 
-// leave removes tok from key's queue and releases the lock if tok holds it
-// (or it is reserved for tok), handing it to the next waiter: for a waiter
-// that gave up, an attempt whose reply was lost, and a lock handed to a
-// waiter that had left. Failures are left to the leases (the queue entry
-// and the reservation expire by themselves).
-func (c *Client) leave(ctx context.Context, key string, keys []string, tok string) {
-	along, inTurn := c.takeAlong(key, tok)
-	_, _ = c.runRelease(ctx, key, keys, tok, 0, along, inTurn)
-}
-
 // cleanUp runs tok's leave on a goroutine of the Client's, so that the
 // caller whose wait ended returns by its deadline whatever the network
 // does; Close waits for it. The leave is sent once after has closed: when
 // the call that may have queued tok or taken the lock for it, which its
 // caller stopped waiting for, has ended, go-redis's re-sends included, so
 // that the leave runs in Redis after it. It is bounded by releaseTimeout
-// from then.
+// from then, on ctx's values but not its cancellation.
+//
+// The leave removes tok from key's queue and releases the lock if tok holds
+// it (or it is reserved for tok), handing it to the next waiter: for a
+// waiter that gave up, an attempt whose reply was lost, and a lock handed
+// to a waiter that had left. Failures are left to the leases (the queue
+// entry and the reservation expire by themselves).
 func (c *Client) cleanUp(ctx context.Context, key string, keys []string, tok string, after <-chan struct{}) {
-	ctx = context.WithoutCancel(ctx)
 	c.cleanups.Add()
 	go func() {
 		defer c.cleanups.Done()
 		if after != nil {
 			<-after
 		}
-		c.leave(c.clock.context(ctx), key, keys, tok)
+		along, inTurn := c.takeAlong(key, tok)
+		_, _ = c.runRelease(c.clock.context(ctx), key, keys, tok, 0, along, inTurn)
 	}()
 }
 

@@ -21,8 +21,6 @@ type lockOwner interface {
 	release(ctx context.Context, l *Lock) (held bool, err error)
 	// pttl returns the lease l has left, if it holds the lock.
 	pttl(ctx context.Context, l *Lock) (left time.Duration, held bool, err error)
-	// locks is what the owner keeps for its locks.
-	locks() *base
 }
 
 // A base is what a Client and a Quorum keep for the locks they make.
@@ -32,8 +30,6 @@ type base struct {
 	holds    keepalive.Timers // the watchdogs of the holds
 	clock    releaseClock     // the contexts of releases
 }
-
-func (b *base) locks() *base { return b }
 
 // margin is taken off a lease of ttl for its validity deadline.
 func (b *base) margin(ttl time.Duration) time.Duration { return driftMargin(ttl, b.drift) }
@@ -80,8 +76,9 @@ type Lock struct {
 	result        error // Release's outcome, returned again by later calls
 }
 
-func newLock(owner lockOwner, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
-	l := &Lock{owner: owner, base: owner.locks(), key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
+// newLock returns a lock of owner, whose base is b.
+func newLock(owner lockOwner, b *base, key string, keys []string, tok string, fence int64, ttl time.Duration, valid time.Time) *Lock {
+	l := &Lock{owner: owner, base: b, key: key, keys: keys, token: tok, fence: fence, ttl: ttl}
 	l.valid.Store(int64(valid.Sub(epoch)))
 	return l
 }

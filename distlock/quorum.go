@@ -205,11 +205,8 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 	keys := []string{q.cfg.Prefix + "{" + key + "}"}
 	tok := token.New()
 	began := time.Now()
-	held, err := q.vote(ctx, "lock", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
-		v, err := n.Run(ctx, quorumLockScript, keys, leaseArgs(tok, ttl)...).Int64()
-		return v == 1, err
-	})
-	l := newLock(q, key, keys, tok, 0, ttl, began.Add(ttl-q.margin(ttl)))
+	held, err := q.vote(ctx, "lock", quorumLockScript, keys, leaseArgs(tok, ttl), isOne)
+	l := newLock(q, &q.base, key, keys, tok, 0, ttl, began.Add(ttl-q.margin(ttl)))
 	if held && time.Now().Before(l.ValidUntil()) {
 		return l, nil
 	}
@@ -224,22 +221,23 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 	return nil, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
 }
 
-// vote runs op on every node at once, each bounded by NodeTimeout, and
-// reports whether a majority said yes (held), or enough said no that no
-// majority can say yes (not held); else, too few nodes answered, an error
-// matching ErrNoQuorum, joined with the nodes' errors, says what (what)
-// reached how many. A node's call that its client does not end by the
+// vote runs script on every node at once, each bounded by NodeTimeout, and
+// reports whether a majority said yes (a reply that yes accepts: held), or
+// enough said no that no majority can say yes (not held); else, too few
+// nodes answered, an error matching ErrNoQuorum, joined with the nodes'
+// errors, says what (what) reached how many. yes runs on the nodes'
+// goroutines at once. A node's call that its client does not end by the
 // timeout (go-redis ignores ctx deadlines by default) is left to finish on
 // the node's Sender, which Close waits for.
-func (q *Quorum) vote(ctx context.Context, what string, op func(ctx context.Context, n *scriptbatch.Sender) (bool, error)) (bool, error) {
+func (q *Quorum) vote(ctx context.Context, what string, script *redis.Script, keys []string, args []any, yes func(reply int64) bool) (bool, error) {
 	errs := make([]error, len(q.nodes))
-	var yes, no atomic.Int32
+	var ayes, noes atomic.Int32
 	var wg sync.WaitGroup
 	for i, n := range q.nodes {
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, q.cfg.NodeTimeout)
 			defer cancel()
-			ok, err := op(nctx, n)
+			reply, err := n.Run(nctx, script, keys, args...).Int64()
 			switch {
 			case err == nil && nctx.Err() != nil:
 				// An answer after the timeout counts as none: waiting for
@@ -247,30 +245,27 @@ func (q *Quorum) vote(ctx context.Context, what string, op func(ctx context.Cont
 				errs[i] = fmt.Errorf("node %d answered after %v: %w", i, q.cfg.NodeTimeout, nctx.Err())
 			case err != nil:
 				errs[i] = fmt.Errorf("node %d: %w", i, err)
-			case ok:
-				yes.Add(1)
+			case yes(reply):
+				ayes.Add(1)
 			default:
-				no.Add(1)
+				noes.Add(1)
 			}
 		})
 	}
 	wg.Wait()
 	switch {
-	case int(yes.Load()) >= q.quorum:
+	case int(ayes.Load()) >= q.quorum:
 		return true, nil
-	case int(no.Load()) > len(q.nodes)-q.quorum:
+	case int(noes.Load()) > len(q.nodes)-q.quorum:
 		return false, nil
 	}
-	return false, fmt.Errorf("%s reached %d of %d nodes: %w", what, yes.Load()+no.Load(), len(q.nodes),
+	return false, fmt.Errorf("%s reached %d of %d nodes: %w", what, ayes.Load()+noes.Load(), len(q.nodes),
 		errors.Join(append([]error{ErrNoQuorum}, errs...)...))
 }
 
 func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
 	began := time.Now()
-	held, err := q.vote(ctx, "refresh", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
-		v, err := n.Run(ctx, quorumRefreshScript, l.keys, leaseArgs(l.token, ttl)...).Int64()
-		return v == 1, err
-	})
+	held, err := q.vote(ctx, "refresh", quorumRefreshScript, l.keys, leaseArgs(l.token, ttl), isOne)
 	if held && time.Since(began) >= ttl-q.margin(ttl) {
 		return false, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
 	}
@@ -282,10 +277,7 @@ func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
 	// this release: sent again after a lost reply, it finds its own work.
 	// Nobody else deletes l's token, and it cannot have expired yet.
 	inTime := time.Now().Before(l.ValidUntil())
-	return q.vote(ctx, "release", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
-		v, err := n.Run(ctx, quorumUnlockScript, l.keys, l.token).Int64()
-		return v == 1 || v == 2 && inTime, err
-	})
+	return q.vote(ctx, "release", quorumUnlockScript, l.keys, []any{l.token}, func(v int64) bool { return v == 1 || v == 2 && inTime })
 }
 
 func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
@@ -293,15 +285,14 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 		mu   sync.Mutex // protects left
 		left []time.Duration
 	)
-	held, err := q.vote(ctx, "ttl", func(ctx context.Context, n *scriptbatch.Sender) (bool, error) {
-		v, err := n.Run(ctx, quorumPTTLScript, l.keys, l.token).Int64()
-		if err != nil || v == -3 {
-			return false, err
+	held, err := q.vote(ctx, "ttl", quorumPTTLScript, l.keys, []any{l.token}, func(v int64) bool {
+		if v == -3 {
+			return false
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		left = append(left, time.Duration(max(v, 0))*time.Millisecond)
-		return true, nil
+		return true
 	})
 	if !held {
 		return 0, false, err
@@ -310,3 +301,6 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 	slices.Sort(left)
 	return left[len(left)-q.quorum], true, nil
 }
+
+// isOne is the yes of the lock and refresh scripts.
+func isOne(reply int64) bool { return reply == 1 }

@@ -52,13 +52,6 @@ func script(names ...string) *redis.Script {
 // twins: the token and the lease asked for.
 func leaseArgs(token string, ttl time.Duration) []any { return []any{token, ms(ttl)} }
 
-// acquireArgs are acquire.lua's: the waiter's token and TTL, where a
-// release tells it to look, how long its place in the queue lasts, and the
-// grant lease it asks for.
-func acquireArgs(token string, ttl time.Duration, channel string, waiterLease, grantLease time.Duration) []any {
-	return []any{token, ms(ttl), "1", channel, ms(waiterLease), ms(grantLease)}
-}
-
 // Replies of free.lua, and held of release.lua.
 const (
 	replyNotHeld  = 0  // another token took the key since

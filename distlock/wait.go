@@ -62,7 +62,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 		case cause != nil:
 			return nil, gaveUp(ctx, c.observer, key, began, tries+attempts, cause)
 		case g.fence > 0: // handed over by a release here, already on the line
-			l := newLock(c, key, keys, w.tok, g.fence, w.ttl, c.validity(epoch.Add(g.at), w.ttl))
+			l := newLock(c, &c.base, key, keys, w.tok, g.fence, w.ttl, c.validity(epoch.Add(g.at), w.ttl))
 			l.reportObtained(ctx, began, max(tries+attempts, 1))
 			return l, nil
 		}
@@ -76,7 +76,7 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 // queued. tries counts the attempts so far, this one included; first says
 // whether it is the wait's first.
 func (c *Client) attemptInLine(ctx context.Context, key string, keys []string, w *waiter, began time.Time, tries int, first bool) (*Lock, error) {
-	l, err := c.attempt(ctx, key, keys, w)
+	l, err := c.try(ctx, key, keys, w, true)
 	if err != nil {
 		if cause := ctxerr.Of(ctx); cause != nil {
 			return nil, gaveUp(ctx, c.observer, key, began, tries, cause)

@@ -20,26 +20,36 @@ type Group struct {
 	idle chan struct{} // closed when n drops to 0; nil while it is 0
 }
 
-// Go runs fn on a goroutine of its own, counted until fn returns.
-func (g *Group) Go(fn func()) {
+// Add counts one more goroutine under way; its Done counts it out.
+func (g *Group) Add() {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	if g.n++; g.idle == nil {
 		g.idle = make(chan struct{})
 	}
-	g.mu.Unlock()
-	go func() {
-		defer g.done()
-		fn()
-	}()
 }
 
-func (g *Group) done() {
+// Done counts out a goroutine that Add counted. A Done without its Add is
+// a bug of the caller's, and panics.
+func (g *Group) Done() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.n == 0 {
+		panic("inflight: Done without Add")
+	}
 	if g.n--; g.n == 0 {
 		close(g.idle)
 		g.idle = nil
 	}
+}
+
+// Go runs fn on a goroutine of its own, counted until fn returns.
+func (g *Group) Go(fn func()) {
+	g.Add()
+	go func() {
+		defer g.Done()
+		fn()
+	}()
 }
 
 // Wait returns once no goroutine of g is under way, or, when ctx ends

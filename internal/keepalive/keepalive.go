@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/inflight"
 )
 
 // Refresh extends the lease. It reports held=false when the lease is gone (the
@@ -51,8 +52,8 @@ type Timers struct {
 	mu      sync.Mutex
 	queue   holdQueue // every hold not yet lost or ended, by when fire must next look at it
 	timer   *time.Timer
-	at      time.Time // when timer fires; zero while it is stopped
-	running Group     // refresh goroutines started and not yet ended
+	at      time.Time      // when timer fires; zero while it is stopped
+	running inflight.Group // refresh goroutines started and not yet ended
 }
 
 // A Hold refreshes one lease from its owner's [Timers]: no goroutine waits
@@ -154,51 +155,6 @@ func (t *Timers) Wait(ctx context.Context) error {
 		return fmt.Errorf("keepalive: wait for refreshes under way: %w", err)
 	}
 	return nil
-}
-
-// A Group counts goroutines under way, for an owner's Close to wait for.
-// Unlike a sync.WaitGroup, it may be added to while it is waited for, also
-// from zero. The zero value is ready.
-type Group struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed when n drops to 0; nil while it is 0
-}
-
-// Add counts one more goroutine under way.
-func (g *Group) Add() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.n++; g.idle == nil {
-		g.idle = make(chan struct{})
-	}
-}
-
-// Done counts one out.
-func (g *Group) Done() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.n--; g.n == 0 {
-		close(g.idle)
-		g.idle = nil
-	}
-}
-
-// Wait waits until none is under way, or until ctx ends, when it returns
-// ctx's cause.
-func (g *Group) Wait(ctx context.Context) error {
-	g.mu.Lock()
-	idle := g.idle
-	g.mu.Unlock()
-	if idle == nil {
-		return nil
-	}
-	select {
-	case <-idle:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }
 
 // fire acts on every hold whose due time has come: it loses each whose
