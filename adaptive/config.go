@@ -9,10 +9,11 @@ import (
 	"github.com/contend/contend/internal/sqlident"
 )
 
-// Config names the table and columns a [Guard] works on, and says when a key
-// changes mode. Names are validated and quoted at construction; keys are only
-// ever bind parameters. The zero value of every field but Table is its
-// default.
+// Config names the table and columns a [Guard] works on. Names are
+// validated and quoted at construction; keys are only ever bind parameters.
+// The zero value of every field but Table is its default. When a key changes
+// mode is the Guard's own decision (see the package doc); of what a user
+// would tune, there are only Keys and NoLocalQueue.
 type Config struct {
 	// Table holds one row per key, with the key and version columns. It may
 	// be schema-qualified ("app.stock"). Required.
@@ -27,17 +28,10 @@ type Config struct {
 	// deadlock, and how long it waits in between. Default: contend.Retry's
 	// defaults.
 	Retry contend.Retry
-	// Window is about how many recent samples (attempts in optimistic mode,
-	// calls in locked mode) a key's conflict rate averages over. Default: 32.
-	Window int
-	// Enter is the conflict rate, above 0 and at most 1, at which an
-	// optimistic key goes under the row lock. Default: 0.2.
-	Enter float64
-	// Leave is the conflict rate, below Enter, at which a locked key goes
-	// back to optimistic. Default: 0.05.
-	Leave float64
-	// Keys is how many keys' rates a Guard keeps (rounded up to a power of
-	// two); see the package doc for what happens to the others. Default:
+	// Keys is how many keys' recent conflicts a Guard remembers (rounded up
+	// to a power of two): a key it does not remember runs optimistic until
+	// its conflicts send it under the lock again (see the package doc).
+	// Raise it when many more keys than this are busy at once. Default:
 	// 4096.
 	Keys int
 	// FinishTimeout bounds the wait for the COMMIT or ROLLBACK of a
@@ -45,7 +39,7 @@ type Config struct {
 	// Default: 5s.
 	FinishTimeout time.Duration
 	// NoLocalQueue turns off the queue in front of the locked path's row
-	// lock, as pessimistic.Config.NoLocalQueue does for a Locker: with it
+	// lock, as pessimistic.LockerConfig.NoLocalQueue does for a Locker: with it
 	// on (the default), the locked calls of one Guard for the same key
 	// queue in this process, holding nothing, and only the one holding
 	// the lock and the next hold a connection. Turn it off when turns on
@@ -63,43 +57,45 @@ type Config struct {
 	Observer contend.Observer
 }
 
-// Defaults of [Config].
+// The defaults of [Config]'s fields, which their docs state.
 const (
-	DefaultKeyColumn     = "id"
-	DefaultVersionColumn = "version"
-	DefaultWindow        = 32
-	DefaultEnter         = 0.2
-	DefaultLeave         = 0.05
-	DefaultKeys          = 4096
+	defaultKeyColumn     = "id"
+	defaultVersionColumn = "version"
+	defaultKeys          = 4096
+)
+
+// When a key changes mode (see the package doc): fixed, not settings. A
+// key's conflict rate averages over about window samples; it goes under
+// the lock at enter and back at leave. 0.2 against 0.05 is a gap of four
+// times, wide enough that a key near one of them does not flap, and a
+// window of 32 moves a key within a few dozen calls, which a hot key makes
+// in milliseconds.
+//
+// How long fn holds is not in the rule. A conflict in optimistic mode
+// wastes one run of fn, holding a pooled connection; a wait in locked mode
+// lasts the holds ahead of it, in the queue holding nothing: both grow with
+// the hold, so the conflict rate alone says which mode wastes more. What
+// does not grow with it, optimistic mode's one statement more, favours the
+// lock at any rate, and is the price of not holding the row while fn runs
+// (see "When to choose it" in the package doc).
+const (
+	window = 32
+	enter  = 0.2
+	leave  = 0.05
 )
 
 // withDefaults returns c with its defaults filled in, validated.
 func (c Config) withDefaults() (Config, error) {
 	if c.KeyColumn == "" {
-		c.KeyColumn = DefaultKeyColumn
+		c.KeyColumn = defaultKeyColumn
 	}
 	if c.VersionColumn == "" {
-		c.VersionColumn = DefaultVersionColumn
-	}
-	if c.Window == 0 {
-		c.Window = DefaultWindow
-	}
-	if c.Enter == 0 {
-		c.Enter = DefaultEnter
-	}
-	if c.Leave == 0 {
-		c.Leave = DefaultLeave
+		c.VersionColumn = defaultVersionColumn
 	}
 	if c.Keys == 0 {
-		c.Keys = DefaultKeys
+		c.Keys = defaultKeys
 	}
 	switch {
-	case c.Window < 1:
-		return c, fmt.Errorf("adaptive: window %d is not positive: %w", c.Window, contend.ErrInvalid)
-	case !(c.Enter > 0 && c.Enter <= 1):
-		return c, fmt.Errorf("adaptive: enter %v is not in (0, 1]: %w", c.Enter, contend.ErrInvalid)
-	case !(c.Leave > 0 && c.Leave < c.Enter):
-		return c, fmt.Errorf("adaptive: leave %v is not in (0, enter %v): %w", c.Leave, c.Enter, contend.ErrInvalid)
 	case c.Keys < 1:
 		return c, fmt.Errorf("adaptive: keys %d is not positive: %w", c.Keys, contend.ErrInvalid)
 	case c.FinishTimeout < 0:

@@ -8,8 +8,8 @@
 // writers than a row lock; on a hot key most of its attempts lose, and the
 // losers' retries cost more than the wait for a lock (package pessimistic)
 // would have. A [Guard] starts every key optimistic, moves a key under the
-// lock when its recent conflict rate passes [Config.Enter], and moves it back
-// when the rate falls to [Config.Leave].
+// lock when a fifth of its recent calls lose a race, and moves it back when
+// a twentieth do.
 //
 // # Guarantee
 //
@@ -48,18 +48,26 @@
 // # How it decides
 //
 // Per key, a process keeps a conflict rate: an exponentially weighted average
-// over about the last [Config.Window] samples. In optimistic mode each attempt
-// is a sample, a conflict if it lost its race (its version moved, or it hit a
-// deadlock). In locked mode each call is one, a conflict if it waited for the
-// lock, which is the race it would have lost without it. A key goes locked when
-// the rate reaches Enter and back when it falls to Leave, and stays at least
-// half a window in a mode before it moves again: the gap between the
-// thresholds and that stay keep a key whose rate hovers near one of them from
-// flapping. [Guard.Mode] says what a key's next call will do.
+// over about the last 32 samples. In optimistic mode each attempt is a
+// sample, a conflict if it lost its race (its version moved, or it hit a
+// deadlock). In locked mode each call is one, a conflict if it came behind
+// another call of its process in the key's queue, or else (a caller of
+// another process ahead of it, or no queue) waited for the lock more than
+// twice as long as it then held it: the race it would have lost without
+// the lock. So a key with two or three callers of one process at once
+// measures alike in both modes. A key goes locked when the rate reaches 0.2
+// and back when it falls to 0.05, and stays at least half a window in a
+// mode before it moves again: the gap between the thresholds and that stay
+// keep a key whose rate hovers near one of them from flapping. These are
+// fixed, not settings. [Guard.Mode] says what a key's next call will do.
 //
 // Memory is bounded: the rates live in a fixed table of [Config.Keys] slots,
-// found by a hash of the key. A key that takes the slot of another starts
-// over, optimistic, and the one it displaced does too when it comes back.
+// in pairs found by a hash of the key. A key whose pair is full takes the
+// slot of a key that is optimistic rather than a locked one's, and of two
+// alike the one used less recently; the key it displaced starts over,
+// optimistic, when it comes back. So a hot key keeps its place against the
+// cold keys that share its pair, and loses it only while the other slot of
+// its pair holds a locked key too, used more recently.
 //
 // # Limits
 //
@@ -72,26 +80,35 @@
 // does not own (a caller's *sql.Tx, another guard's fn) run once, and a lost
 // race in them returns [contend.ErrConflict] for their owner to retry.
 //
-// Neither mode is free next to the fixed guard it stands in for. Locked mode
-// writes the version besides fn's own writes: on a row fn also updates,
-// that is a second row version per transaction, which package pessimistic's
-// lock does not write, so a hot key serves fewer calls than under that lock
-// alone (a benchmark of this package, BenchmarkDecrement, sets the guard
-// beside pessimistic, and its locked path beside raw-bump, the same
-// transaction written by hand: bump, read, write, commit).
-// Optimistic mode costs a round trip more than a lock that nobody waits
-// for (the check): with a short fn and keys that are rarely contended, a
-// row lock is as fast. The guard pays off over the optimistic guard on a
-// key that turned hot, whose retries cost far more than the lock. Against
-// package pessimistic's lock, whose waiters for a key queue in the process,
-// it is not a sure gain: in this module's benchmark suite (go run
-// ./examples/bench; fn waiting 2 ms between its read and its write, a pool
-// of 10 connections, 64 workers) the adaptive guard served more calls on
-// spread keys, where it runs optimistic, but fewer, with a higher p99 on
-// the cold keys, when a third of the calls went to one hot key, and the
-// two were within the noise of each other on keys that turn hot. Use it
-// for code that is optimistic for its cold keys and must not retry
-// without end when one turns hot.
+// # When to choose it
+//
+// Choose it over package optimistic's guard when fn must not hold a row
+// lock while keys are cold, and a key that turns hot must not retry
+// without end: on a cold key it is that guard, and on a hot key its
+// waiters queue for the lock instead of running fn again and again, each
+// rerun holding a pooled connection for as long as fn takes.
+//
+// Choose package pessimistic's Locker instead when holding the row lock
+// while fn runs is acceptable, whatever the key's heat: neither of this
+// guard's modes sends less than the Locker does. On a cold key,
+// optimistic mode sends one statement more than a lock nobody waits for
+// (it reads the version, then checks and bumps it, where the Locker only
+// takes the lock); on a hot key, locked mode is that lock with the version
+// moved as well, a second row version per transaction that the Locker does
+// not write. In the runs of this module's benchmark suite so far (go run
+// ./examples/bench: fn waiting 2 ms between its read and its write, a pool
+// of 10 connections, 64 workers, one process), with a third of the calls on
+// one hot key and the rest on 1000 cold ones, the Locker served more calls,
+// with a lower p99 on the cold keys; on spread keys, and on keys that turn
+// hot halfway, neither was ahead beyond the noise of the runs.
+// BenchmarkDecrement and BenchmarkThink set this guard beside both fixed
+// guards, and BenchmarkDecrement its locked path beside raw-bump, the same
+// transaction written by hand (bump, read, write, commit).
+//
+// What this guard spares its callers on cold keys is the row lock held
+// while fn runs: a fn that calls another service holds the row that long,
+// and under a lock every other writer of it, in any process, waits that
+// long, a caller in another process holding a connection as it waits.
 //
 // Statements work with lib/pq, pgx's stdlib driver and pgx's native pool
 // wrapped by pgxdb.Wrap, and with MySQL 8 and MariaDB through

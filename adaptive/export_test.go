@@ -31,3 +31,6 @@ func (g *Guard) SkipBump() {
 func (g *Guard) Isolation(level sql.IsolationLevel) {
 	g.opts.Tx = &sql.TxOptions{Isolation: level}
 }
+
+// Window is about how many samples a key's conflict rate averages over.
+const Window = window

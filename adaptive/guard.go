@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/contend/contend"
@@ -191,15 +192,18 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 }
 
 // waitFactor is how much longer than its hold a lock must have taken to count
-// as waited for. An uncontended lock costs one round trip, no longer than the
-// hold that follows it (fn, then at least the COMMIT's round trip); a lock
-// behind another holder costs what is left of that holder's hold, and behind
-// several, several holds. The margin keeps the noise of a round trip from
-// counting as a wait.
+// as waited for, when the call did not come behind another of this process
+// in the key's queue (a caller in another process, or no queue). An
+// uncontended lock costs one round trip, no longer than the hold that
+// follows it (fn, then at least the COMMIT's round trip); a lock behind
+// several other holders costs several holds. The margin keeps the noise of
+// a round trip from counting as a wait, and leaves a wait behind a single
+// holder of another process uncounted.
 const waitFactor = 2
 
 func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	began := time.Now()
+	behind := false // came behind another call of this process in key's queue
 	if g.line != nil {
 		h, err := txn.Resolve(ctx, g.db)
 		if err != nil {
@@ -209,7 +213,7 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		// joined one may already hold the key, and must not wait behind
 		// itself.
 		if h.Owned() {
-			if err := g.line.Enter(ctx, key); err != nil {
+			if behind, err = g.line.Join(ctx, key); err != nil {
 				err = classify(ctx, key, err)
 				if !g.pinned {
 					g.stats.record(key, 1, 1) // waited until ctx ended
@@ -235,7 +239,7 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		if attempts == 1 {
 			start = began // a wait in the line is a wait for the lock
 		}
-		n, err := txn.WatchExec(ctx, tx, g.lockSQL, []any{key})
+		n, err := g.lock(ctx, tx, key)
 		if err == nil && n == 0 {
 			err = sql.ErrNoRows
 		}
@@ -263,7 +267,12 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 	if !g.pinned {
 		switch {
 		case !locked.IsZero():
-			g.stats.record(key, 1, b2i(lockTook > waitFactor*hold))
+			// A call behind another of this process would have run beside
+			// it without the lock, and one of the two would have lost its
+			// race: the same sample as an optimistic attempt's, so that a
+			// key with two or three callers at once measures alike in both
+			// modes, and does not flap between them.
+			g.stats.record(key, 1, b2i(behind || lockTook > waitFactor*hold))
 		case errors.Is(err, contend.ErrConflict):
 			g.stats.record(key, 1, 1) // waited until ctx ended
 		}
@@ -272,6 +281,27 @@ func (g *Guard) doLocked(ctx context.Context, key string, fn func(ctx context.Co
 		g.report(ctx, key, attempts, began, locked, hold, err)
 	}
 	return err
+}
+
+// lockArgs holds the lock statement's one argument: an array of a pool
+// rather than a slice literal, which would escape to the heap through the
+// driver's interface on every call.
+var lockArgs = sync.Pool{New: func() any { return new([1]any) }}
+
+// lock runs the lock statement for key in tx, and returns the rows it
+// moved.
+func (g *Guard) lock(ctx context.Context, tx sqldb.Tx, key string) (int64, error) {
+	args := lockArgs.Get().(*[1]any)
+	args[0] = key
+	n, err := txn.WatchExec(ctx, tx, g.lockSQL, args[:])
+	if errors.Is(err, txn.ErrNoAnswer) {
+		// The statement was left to finish on a goroutine of its own, which
+		// still reads args.
+		return n, err
+	}
+	args[0] = nil
+	lockArgs.Put(args)
+	return n, err
 }
 
 func (g *Guard) report(ctx context.Context, key string, attempts int, began, locked time.Time, hold time.Duration, err error) {

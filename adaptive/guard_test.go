@@ -169,9 +169,6 @@ func TestNewGuardRefusesBadConfig(t *testing.T) {
 		{},
 		{Table: "x; DROP TABLE y"},
 		{Table: "t", KeyColumn: "v", VersionColumn: "v"},
-		{Table: "t", Enter: 1.5},
-		{Table: "t", Enter: 0.1, Leave: 0.2},
-		{Table: "t", Window: -1},
 		{Table: "t", Keys: -1},
 		{Table: "t", FinishTimeout: -time.Second},
 	} {

@@ -3,6 +3,7 @@ package adaptive_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func TestModeFollowsConflicts(t *testing.T) {
 	calls += 5
 	// …a few windows of them do.
 	n := 0
-	for ; n < 20*adaptive.DefaultWindow && g.Mode("k") == adaptive.Pessimistic; n++ {
+	for ; n < 20*adaptive.Window && g.Mode("k") == adaptive.Pessimistic; n++ {
 		require.NoError(t, g.Do(ctx, "k", increment(db, "k", 0)))
 	}
 	calls += n
@@ -98,9 +99,53 @@ func TestRefusalsAreNoConflicts(t *testing.T) {
 	counters(t, db, "k")
 	g := newGuard(t, db, adaptive.Config{})
 	refused := fmt.Errorf("already claimed: %w", contend.ErrConflict)
-	for range 10 * adaptive.DefaultWindow {
+	for range 10 * adaptive.Window {
 		err := g.Do(t.Context(), "k", func(context.Context) error { return refused })
 		require.Equal(t, refused, err, "fn's error comes back unchanged")
 		require.Equal(t, adaptive.Optimistic, g.Mode("k"), "one caller, refused, lost no race")
 	}
+}
+
+// A key with two callers at once stays locked: each call comes behind the
+// other's, the race it would have lost without the lock, so the locked
+// calls measure the key as the optimistic attempts did. Counted only by
+// how long it waited (never more than the one hold ahead of it), the key
+// would go back to optimistic, lose half its attempts there, and come
+// back, over and over.
+func TestTwoCallersKeepAKeyLocked(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	counters(t, db, "k")
+	g := newGuard(t, db, adaptive.Config{Retry: bigBudget})
+	ctx := t.Context()
+
+	// Hot: 16 callers until the key goes under the lock.
+	var calls atomic.Int64
+	workload.Each(t, 16, func(int) error {
+		for i := 0; i < 100 && g.Mode("k") == adaptive.Optimistic; i++ {
+			if err := g.Do(ctx, "k", increment(db, "k", time.Millisecond)); err != nil {
+				return err
+			}
+			calls.Add(1)
+		}
+		return nil
+	})
+	require.Equal(t, adaptive.Pessimistic, g.Mode("k"), "a hot key goes under the lock")
+
+	// Two callers, each far more calls than a window.
+	var optimistic atomic.Int64
+	workload.Each(t, 2, func(int) error {
+		for range 8 * adaptive.Window {
+			if err := g.Do(ctx, "k", increment(db, "k", 2*time.Millisecond)); err != nil {
+				return err
+			}
+			calls.Add(1)
+			if g.Mode("k") == adaptive.Optimistic {
+				optimistic.Add(1)
+			}
+		}
+		return nil
+	})
+	require.Zero(t, optimistic.Load(), "calls after which two callers' key was optimistic")
+	require.EqualValues(t, calls.Load(), counted(t, db, "k").N, "lost updates")
 }

@@ -35,7 +35,7 @@ func (m Mode) String() string {
 type table struct{ rates *keyrate.Table }
 
 func newTable(c Config) *table {
-	return &table{keyrate.New(keyrate.Config{Window: c.Window, Enter: c.Enter, Leave: c.Leave, Keys: c.Keys})}
+	return &table{keyrate.New(keyrate.Config{Window: window, Enter: enter, Leave: leave, Keys: c.Keys})}
 }
 
 func modeOf(hot bool) Mode {

@@ -13,15 +13,15 @@ func testTable(t *testing.T, keys int) *table {
 	return newTable(c)
 }
 
-// A key goes locked once its rate reaches Enter, stays there while the rate is
-// between the thresholds, and goes back only once it falls to Leave: the gap
+// A key goes locked once its rate reaches enter, stays there while the rate is
+// between the thresholds, and goes back only once it falls to leave: the gap
 // between them is the hysteresis.
 func TestTableHysteresis(t *testing.T) {
 	t.Parallel()
 	tb := testTable(t, 16)
 	require.Equal(t, Optimistic, tb.mode("k"))
 
-	// A lost race in ten is below Enter: it stays optimistic.
+	// A lost race in ten is below enter: it stays optimistic.
 	for range 100 {
 		tb.record("k", 10, 1)
 	}
@@ -35,7 +35,7 @@ func TestTableHysteresis(t *testing.T) {
 	require.Equal(t, Pessimistic, tb.mode("k"))
 	require.Greater(t, n, 2, "a single call of lost races is not enough")
 
-	// One wait in ten is below Enter but above Leave: it stays locked.
+	// One wait in ten is below enter but above leave: it stays locked.
 	for i := range 200 {
 		tb.record("k", 1, b2i(i%10 == 0))
 	}
@@ -46,7 +46,7 @@ func TestTableHysteresis(t *testing.T) {
 		tb.record("k", 1, 0)
 	}
 	require.Equal(t, Optimistic, tb.mode("k"))
-	require.Greater(t, n, DefaultWindow/2, "one quiet call is not a cool key")
+	require.Greater(t, n, window/2, "one quiet call is not a cool key")
 }
 
 func TestModeString(t *testing.T) {

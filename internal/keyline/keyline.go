@@ -41,26 +41,40 @@ func New(depth int) *Lines {
 // is then through, and must call Exit once done with the lock. When ctx
 // ends first, Enter leaves the line at once (passing the turn on, if it
 // came at that very moment) and returns ctx's cause. A call that need not
-// wait costs one map lookup under the mutex, and allocates nothing.
+// wait costs one map lookup under the mutex, and allocates nothing; one
+// that waits reuses a waiter another call left.
 func (l *Lines) Enter(ctx context.Context, key string) error {
+	_, err := l.Join(ctx, key)
+	return err
+}
+
+// Join is [Lines.Enter], and also reports whether the call came behind
+// another of key's, one let through or waiting: a call that, without the
+// lock, would have run beside that one.
+func (l *Lines) Join(ctx context.Context, key string) (behind bool, err error) {
 	l.mu.Lock()
-	w := l.c.join(key)
+	w, behind := l.c.join(key)
 	l.mu.Unlock()
 	if w == nil {
-		return nil
+		return behind, nil
 	}
 	select {
 	case <-w.ready:
-		return nil
+		waiters.Put(w)
+		return true, nil
 	case <-ctx.Done():
 	}
 	l.mu.Lock()
 	through := l.c.leave(key, w)
 	l.mu.Unlock()
 	if through {
+		<-w.ready // sent under the mutex, before leave could see through
+		waiters.Put(w)
 		l.Exit(key)
+		return true, context.Cause(ctx)
 	}
-	return context.Cause(ctx)
+	waiters.Put(w) // out of the line: nothing will be sent to it
+	return true, context.Cause(ctx)
 }
 
 // Exit ends a call Enter let through, letting the oldest waiter of key
@@ -79,7 +93,7 @@ func (l *Lines) Waiting(key string) int {
 }
 
 // core is the lines' state and its transitions, pure but for the channels
-// it closes: the one owner of who is through and who waits.
+// it sends to: the one owner of who is through and who waits.
 //
 // Invariants, per key: 0 < through ≤ depth while the key has an entry (an
 // entry with nothing through and nobody waiting is deleted); waiting is
@@ -98,25 +112,32 @@ type line struct {
 	waiting []*waiter // oldest first
 }
 
-// A waiter is a call waiting in a line.
+// A waiter is a call waiting in a line. Waiters are reused, channel and
+// all, once their call has left the line: a hot key's waiters then cost no
+// allocation.
 type waiter struct {
-	ready   chan struct{} // closed when the waiter is let through
+	ready   chan struct{} // buffered (1): sent to once, when the waiter is let through
 	through bool          // let through; guarded like the core
 }
 
+var waiters = sync.Pool{New: func() any { return &waiter{ready: make(chan struct{}, 1)} }}
+
 // join adds a call to key's line: it returns nil when the call is let
-// through at once, else the waiter it waits as.
-func (c *core) join(key string) *waiter {
+// through at once, else the waiter it waits as; and whether another call
+// of key was through when it came (or waiting, which implies one is).
+func (c *core) join(key string) (w *waiter, behind bool) {
 	ln := c.lines[key]
+	behind = ln.through > 0
 	if ln.through < c.depth {
 		ln.through++
 		c.lines[key] = ln
-		return nil
+		return nil, behind
 	}
-	w := &waiter{ready: make(chan struct{})}
+	w = waiters.Get().(*waiter)
+	w.through = false
 	ln.waiting = append(ln.waiting, w)
 	c.lines[key] = ln
-	return w
+	return w, behind
 }
 
 // leave takes w, whose call gave up, out of key's line, and reports
@@ -150,7 +171,7 @@ func (c *core) exit(key string) {
 		ln.waiting[0] = nil
 		ln.waiting = ln.waiting[1:]
 		w.through = true
-		close(w.ready)
+		w.ready <- struct{}{} // never blocks: the one send to w
 		c.lines[key] = ln
 		return
 	}

@@ -35,7 +35,8 @@ func TestCoreStateMachine(t *testing.T) {
 		t.Repeat(map[string]func(*rapid.T){
 			"join": func(t *rapid.T) {
 				k := key.Draw(t, "key")
-				w := c.join(k)
+				w, behind := c.join(k)
+				require.Equal(t, m.through[k] > 0, behind, "a call comes behind another exactly while one is through")
 				if m.through[k] < depth {
 					require.Nil(t, w, "a call waits while the line has room")
 					m.through[k]++
@@ -55,7 +56,7 @@ func TestCoreStateMachine(t *testing.T) {
 					w := ws[0]
 					m.waiting[k] = ws[1:]
 					m.let[k] = append(m.let[k], w)
-					require.True(t, isClosed(w.ready), "the oldest waiter is let through")
+					require.True(t, letThrough(w.ready), "the oldest waiter is let through")
 					return
 				}
 				m.through[k]--
@@ -105,7 +106,7 @@ func TestCoreStateMachine(t *testing.T) {
 					require.Equal(t, len(m.waiting[k]), len(ln.waiting), "waiters of %q", k)
 					for i, w := range m.waiting[k] {
 						require.Same(t, w, ln.waiting[i], "waiter %d of %q", i, k)
-						require.False(t, isClosed(w.ready))
+						require.False(t, letThrough(w.ready))
 					}
 					if len(ln.waiting) > 0 {
 						require.Equal(t, depth, ln.through, "%q has waiters and room", k)
@@ -117,22 +118,18 @@ func TestCoreStateMachine(t *testing.T) {
 	})
 }
 
-func isClosed(c chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
+// letThrough reports whether a waiter's turn was sent, without taking it.
+func letThrough(c chan struct{}) bool { return len(c) == 1 }
 
 // TestCoreRefusesBadTransitions: an exit without a call through, and a
 // leave by a stranger, are bugs in the caller, not states.
 func TestCoreRefusesBadTransitions(t *testing.T) {
 	c := core{depth: 1, lines: map[string]line{}}
 	require.Panics(t, func() { c.exit("a") })
-	require.Nil(t, c.join("a"))
-	require.Panics(t, func() { c.leave("a", &waiter{ready: make(chan struct{})}) })
+	w, behind := c.join("a")
+	require.Nil(t, w)
+	require.False(t, behind)
+	require.Panics(t, func() { c.leave("a", &waiter{ready: make(chan struct{}, 1)}) })
 	c.exit("a")
 	require.Panics(t, func() { c.exit("a") })
 	require.Empty(t, c.lines)

@@ -1,7 +1,6 @@
 // Package keyrate keeps, per key, how often its recent calls lost a race,
 // and whether that makes the key hot: what a guard that changes how it
-// works per key (the adaptive guard's lock, the claimer's read first)
-// decides from. A key turns hot when its rate reaches Enter and cools when
+// works per key (the adaptive guard's lock) decides from. A key turns hot when its rate reaches Enter and cools when
 // it falls to Leave, staying at least half a window in a state before it
 // moves again: the gap between the thresholds and that stay keep a key
 // whose rate hovers near one of them from flapping.
@@ -25,26 +24,37 @@ type Config struct {
 	Keys int
 }
 
-// Table keeps each key's rate and state in a fixed number of slots,
-// direct-mapped by a hash of the key: memory stays bounded whatever the
-// keys, and a lookup is one hash and one uncontended-in-the-common-case
-// mutex. A collision evicts: the newcomer starts over, cold. An LRU would
-// keep a hot key against a stream of cold ones, but its list is one more
-// shared structure every call would write to. A Table is safe for
-// simultaneous use by multiple goroutines.
+// Table keeps each key's rate and state in a fixed number of slots, in
+// pairs: a hash of the key picks the pair, and the key takes either slot of
+// it. Memory stays bounded whatever the keys, and a lookup is one hash and
+// one uncontended-in-the-common-case mutex. A newcomer whose pair is full
+// evicts, and starts over, cold: it takes the slot of a cold key rather
+// than a hot one's, and of two alike the one recorded less recently. So a
+// hot key keeps its state against the cold keys that share its pair (one
+// slot per key, direct-mapped, would lose it each time one of them came,
+// and send the key's next calls back to the state it just left). An LRU
+// over all keys would keep a hot key against a stream of cold ones too,
+// but its list is one more shared structure every call would write to. A
+// Table is safe for simultaneous use by multiple goroutines.
 type Table struct {
 	seed         maphash.Seed
-	mask         uint64
-	slots        []slot
+	mask         uint64 // of a pair's index
+	pairs        []pair
 	alpha        float64 // weight of a new sample: 1/Window
 	enter, leave float64
 	dwell        int // samples a key stays in a state before it may leave it
 }
 
+// A pair is the two slots a key may take.
+type pair struct {
+	mu    sync.Mutex // protects the fields below
+	slots [2]slot
+	older int // the slot recorded less recently
+}
+
 // A slot is one key's state.
 type slot struct {
-	mu    sync.Mutex // protects the fields below
-	hash  uint64     // the key's; 0 marks an empty slot
+	hash  uint64 // the key's; 0 marks an empty slot
 	hot   bool
 	rate  float64 // conflicts per sample, averaged over about 1/alpha samples
 	since int     // samples since the key entered its state
@@ -52,11 +62,11 @@ type slot struct {
 
 // New returns an empty table for c, which the caller has validated.
 func New(c Config) *Table {
-	n := uint64(1) << bits.Len(uint(c.Keys-1))
+	n := uint64(1) << bits.Len(uint(max(c.Keys, 2)-1)) // slots, in pairs
 	return &Table{
 		seed:  maphash.MakeSeed(),
-		mask:  n - 1,
-		slots: make([]slot, n),
+		mask:  n/2 - 1,
+		pairs: make([]pair, n/2),
 		alpha: 1 / float64(c.Window),
 		enter: c.Enter,
 		leave: c.Leave,
@@ -72,13 +82,43 @@ func (t *Table) hash(key string) uint64 {
 	return h
 }
 
+// find returns the slot of p that holds the key of hash h, or -1.
+func (p *pair) find(h uint64) int {
+	switch h {
+	case p.slots[0].hash:
+		return 0
+	case p.slots[1].hash:
+		return 1
+	}
+	return -1
+}
+
+// victim returns the slot of p a newcomer takes: an empty one, else a cold
+// key's rather than a hot one's, else the one recorded less recently.
+func (p *pair) victim() int {
+	a, b := &p.slots[0], &p.slots[1]
+	switch {
+	case a.hash == 0:
+		return 0
+	case b.hash == 0:
+		return 1
+	case a.hot != b.hot:
+		if a.hot {
+			return 1
+		}
+		return 0
+	}
+	return p.older
+}
+
 // Hot reports whether key is hot.
 func (t *Table) Hot(key string) bool {
 	h := t.hash(key)
-	s := &t.slots[h&t.mask]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.hash == h && s.hot
+	p := &t.pairs[h&t.mask]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.find(h)
+	return i >= 0 && p.slots[i].hot
 }
 
 // Record adds samples observations, conflicts of them conflicts, to key's
@@ -88,12 +128,16 @@ func (t *Table) Hot(key string) bool {
 // measured the key.
 func (t *Table) Record(key string, samples, conflicts int) (hot bool) {
 	h := t.hash(key)
-	s := &t.slots[h&t.mask]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.hash != h {
-		s.hash, s.hot, s.rate, s.since = h, false, 0, 0
+	p := &t.pairs[h&t.mask]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := p.find(h)
+	if i < 0 {
+		i = p.victim()
+		p.slots[i] = slot{hash: h}
 	}
+	p.older = 1 - i
+	s := &p.slots[i]
 	// Conflicts first: of a call's samples, the lost attempts came before the
 	// one that won.
 	for i := range samples {

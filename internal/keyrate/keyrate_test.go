@@ -51,30 +51,69 @@ func TestHysteresis(t *testing.T) {
 	require.Greater(t, n, window/2, "one quiet call is not a cool key")
 }
 
-// The table holds Keys slots whatever the keys; a key whose slot another
-// took starts over, cold.
+// The table holds Keys slots whatever the keys.
 func TestBounded(t *testing.T) {
 	t.Parallel()
 	tb := New(Config{Window: 32, Enter: 0.2, Leave: 0.05, Keys: 5})
-	require.Len(t, tb.slots, 8, "rounded up to a power of two")
+	require.Len(t, tb.pairs, 4, "rounded up to a power of two, in pairs")
 	for i := range 10_000 {
 		tb.Record(fmt.Sprint("k", i), 1, 1)
 	}
-	require.Len(t, tb.slots, 8)
+	require.Len(t, tb.pairs, 4)
+}
 
-	for range 100 {
-		tb.Record("hot", 1, 1)
-	}
-	require.True(t, tb.Hot("hot"))
-	// Find a key that shares hot's slot and let it take it.
-	h := tb.hash("hot")
-	other := ""
-	for i := 0; other == ""; i++ {
+// sharing returns n keys other than key whose slots are key's pair.
+func sharing(tb *Table, key string, n int) []string {
+	var keys []string
+	h := tb.hash(key)
+	for i := 0; len(keys) < n; i++ {
 		if k := fmt.Sprint("other", i); tb.hash(k)&tb.mask == h&tb.mask {
-			other = k
+			keys = append(keys, k)
 		}
 	}
-	tb.Record(other, 1, 0)
-	require.False(t, tb.Hot("hot"), "an evicted key starts over")
-	require.False(t, tb.Hot(other))
+	return keys
+}
+
+func heat(tb *Table, key string) {
+	for range 100 {
+		tb.Record(key, 1, 1)
+	}
+}
+
+// A hot key keeps its state against the cold keys that share its slots: a
+// newcomer takes a cold key's slot. With one slot per key, each of them
+// would send the hot key back to cold.
+func TestHotKeyKeepsItsSlot(t *testing.T) {
+	t.Parallel()
+	tb := New(Config{Window: 32, Enter: 0.2, Leave: 0.05, Keys: 64})
+	heat(tb, "hot")
+	require.True(t, tb.Hot("hot"))
+	others := sharing(tb, "hot", 20)
+	for range 5 {
+		for _, k := range others {
+			tb.Record(k, 1, 0)
+			require.True(t, tb.Hot("hot"), "a cold key displaced the hot one")
+		}
+	}
+}
+
+// A key whose slot another took starts over, cold: with both slots hot,
+// the newcomer takes the one recorded less recently.
+func TestEvictedKeyStartsOver(t *testing.T) {
+	t.Parallel()
+	tb := New(Config{Window: 32, Enter: 0.2, Leave: 0.05, Keys: 64})
+	ks := sharing(tb, "a", 2)
+	b, newcomer := ks[0], ks[1]
+	heat(tb, "a")
+	heat(tb, b)
+	tb.Record("a", 1, 1) // b is now the one recorded less recently
+	require.True(t, tb.Hot("a"))
+	require.True(t, tb.Hot(b))
+
+	tb.Record(newcomer, 1, 1)
+	require.True(t, tb.Hot("a"), "the key recorded more recently stays")
+	require.False(t, tb.Hot(b), "an evicted key starts over")
+	require.False(t, tb.Hot(newcomer), "a newcomer starts cold")
+	tb.Record(b, 1, 1)
+	require.False(t, tb.Hot(b), "a key that comes back starts over")
 }
