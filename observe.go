@@ -84,6 +84,7 @@ const (
 	StrategyAdaptive    Strategy = "adaptive"
 	StrategyDistlock    Strategy = "distlock"
 	StrategyQueue       Strategy = "queue"
+	StrategyIdempotency Strategy = "idempotency"
 )
 
 // An EventKind says what an [Event] reports. A call that gets its key

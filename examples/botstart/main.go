@@ -31,6 +31,15 @@
 //	curl -X POST localhost:8080/bots/bot-1/stop    # 200 {"id":"bot-1","engine_id":null}
 //	curl -X POST localhost:8080/bots/bot-9/start   # 404 {"error":"there is no bot bot-9"}
 //
+// A start sent with an Idempotency-Key header runs once per key: a double
+// click that sends the same key twice gets the same 200 twice (the second
+// with Idempotent-Replayed: true), and only another request is refused:
+//
+//	curl -X POST -H 'Idempotency-Key: 7c1e' localhost:8080/bots/bot-2/start   # 200 {"id":"bot-2","engine_id":"…"}
+//	curl -X POST -H 'Idempotency-Key: 7c1e' localhost:8080/bots/bot-2/start   # the same 200, replayed
+//	curl -X POST -H 'Idempotency-Key: 9d0a' localhost:8080/bots/bot-2/start   # 409 {"error":"bot bot-2 is already running"}
+//	curl -X POST -H 'Idempotency-Key: 7c1e' -d '{}' localhost:8080/bots/bot-2/start # 422: the key was used for another request
+//
 // The engines it spawns are an in-process stand-in for a container platform
 // (see Engines): instances in other processes could claim a bot but not stop
 // an engine this one spawned.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -366,4 +368,75 @@ func TestServe(t *testing.T) {
 	var claimed int
 	require.NoError(t, db.Get(&claimed, `SELECT count(*) FROM bots WHERE engine_id IS NOT NULL`))
 	require.Equal(t, 2, claimed)
+}
+
+// keyedStart sends a start of bot with an Idempotency-Key and a body.
+func keyedStart(t *testing.T, srv *httptest.Server, bot, key, body string) (answer, bool) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/bots/"+bot+"/start", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := srv.Client().Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return answer{code: resp.StatusCode, body: b}, resp.Header.Get("Idempotent-Replayed") == "true"
+}
+
+// The -serve mode with an Idempotency-Key: a double click that sends one
+// key twice, at once, to two instances, spawns one engine and gets the same
+// 200 twice; only another request (another key) gets 409, and the key
+// reused for another payload 422.
+func TestServeDoubleClickWithIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	url := testserver.Postgres(t)
+	engines := &Engines{}
+	var servers []*httptest.Server
+	for i := range 2 {
+		db := testserver.Open(t, "pgx", url)
+		svc, err := newServeService(t.Context(), db, []string{"bot-1"}, engines, log.New(t.Output(), "", 0))
+		require.NoError(t, err, "instance %d", i)
+		t.Cleanup(func() { require.NoError(t, svc.Close(context.Background())) })
+		srv := httptest.NewServer(svc.Handler())
+		t.Cleanup(srv.Close)
+		servers = append(servers, srv)
+	}
+
+	type click struct {
+		answer
+		replayed bool
+	}
+	clicks := make(chan click, 2)
+	var ready, done sync.WaitGroup
+	ready.Add(2)
+	gate := make(chan struct{})
+	for _, srv := range servers {
+		done.Go(func() {
+			ready.Done()
+			<-gate
+			a, replayed := keyedStart(t, srv, "bot-1", "click-7c1e", `{}`)
+			clicks <- click{a, replayed}
+		})
+	}
+	ready.Wait()
+	close(gate)
+	done.Wait()
+	close(clicks)
+	var got []click
+	for c := range clicks {
+		got = append(got, c)
+	}
+	require.Equal(t, http.StatusOK, got[0].code, "%s", got[0].body)
+	require.Equal(t, http.StatusOK, got[1].code, "%s", got[1].body)
+	require.Equal(t, string(got[0].body), string(got[1].body), "the same answer twice")
+	require.True(t, got[0].replayed != got[1].replayed, "one ran, one was replayed")
+	require.Equal(t, 1, engines.Spawns())
+
+	other, _ := keyedStart(t, servers[0], "bot-1", "click-9d0a", `{}`)
+	require.Equal(t, http.StatusConflict, other.code)
+	require.JSONEq(t, `{"error":"bot bot-1 is already running"}`, string(other.body))
+	reused, _ := keyedStart(t, servers[1], "bot-1", "click-7c1e", `{"strategy":"grid"}`)
+	require.Equal(t, http.StatusUnprocessableEntity, reused.code)
+	require.Equal(t, 1, engines.Spawns())
 }

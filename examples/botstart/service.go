@@ -14,12 +14,17 @@ import (
 
 	"github.com/contend/contend"
 	"github.com/contend/contend/atomic"
+	"github.com/contend/contend/idempotency"
 )
 
-// schema is the table the service works on: one row per bot, engine_id NULL
-// while the bot is stopped, and otherwise the id of its engine, running or
-// still being spawned.
-const schema = `CREATE TABLE IF NOT EXISTS bots (id text PRIMARY KEY, engine_id text)`
+// schema is the tables the service works on: bots, one row per bot,
+// engine_id NULL while the bot is stopped, and otherwise the id of its
+// engine, running or still being spawned; and idempotency_keys, the answers
+// of the starts sent with an Idempotency-Key header (package idempotency).
+const schema = `CREATE TABLE IF NOT EXISTS bots (id text PRIMARY KEY, engine_id text);
+	CREATE TABLE IF NOT EXISTS idempotency_keys (id text PRIMARY KEY, fingerprint text NOT NULL,
+		state smallint NOT NULL, answer bytea, fence bigint NOT NULL, expires_at timestamptz NOT NULL);
+	CREATE INDEX IF NOT EXISTS idempotency_keys_expires_at ON idempotency_keys (expires_at)`
 
 // releaseTimeout bounds the release of a claim, which runs even after the
 // request that made the claim is gone.
@@ -35,6 +40,7 @@ const releaseTimeout = 5 * time.Second
 type Service struct {
 	db      *sqlx.DB
 	claims  *atomic.Claimer
+	keyed   func(http.Handler) http.Handler // a start sent with an Idempotency-Key
 	engines Spawner
 	log     *log.Logger // errors answered with 500, whose details the client does not see
 }
@@ -47,7 +53,22 @@ func NewService(db *sqlx.DB, engines Spawner, logger *log.Logger) (*Service, err
 	if err != nil {
 		return nil, fmt.Errorf("botstart: %w", err)
 	}
-	return &Service{db: db, claims: claims, engines: engines, log: logger}, nil
+	// A start sent with an Idempotency-Key runs once per key: the claim
+	// (which joins the store's transaction) and the recorded answer commit
+	// together, and a second click with the key gets the first one's 200.
+	keys, err := idempotency.New(db, idempotency.Config{Table: "idempotency_keys"})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("botstart: %w", err), claims.Close(context.Background()))
+	}
+	keyed, err := idempotency.Middleware(keys, idempotency.HTTPConfig{
+		// The story has no accounts: a real service scopes keys by the
+		// authenticated user.
+		Principal: func(r *http.Request) (string, error) { return "anyone", nil },
+	})
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("botstart: %w", err), claims.Close(context.Background()))
+	}
+	return &Service{db: db, claims: claims, keyed: keyed, engines: engines, log: logger}, nil
 }
 
 // Close waits, as long as ctx lets it, for the releases of claims whose
@@ -57,7 +78,15 @@ func (s *Service) Close(ctx context.Context) error { return s.claims.Close(ctx) 
 // Handler returns the service's routes.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("POST /bots/{id}/start", s.handle(s.start))
+	start := s.handle(s.start)
+	keyed := s.keyed(start)
+	mux.Handle("POST /bots/{id}/start", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") != "" {
+			keyed.ServeHTTP(w, r)
+			return
+		}
+		start.ServeHTTP(w, r)
+	}))
 	mux.Handle("POST /bots/{id}/stop", s.handle(s.stop))
 	mux.Handle("GET /bots/{id}", s.handle(s.get))
 	return mux

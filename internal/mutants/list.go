@@ -402,6 +402,35 @@ var mutants = []mutant{
 		Breaks: "on pgx, fn's statements run in the guard's transaction, under its lock",
 	},
 
+	// idempotency: once per key, the answer replayed, a stale call fenced out.
+	{
+		Name:   "idempotency/insert-waits",
+		File:   "idempotency/store.go",
+		Old:    `s.insertSQL += " ON CONFLICT DO NOTHING"`,
+		New:    `s.insertSQL += ""`,
+		Pkg:    "./idempotency",
+		Run:    "TestDuplicateInFlight",
+		Breaks: "a duplicate in flight waits for the first call's transaction, then replays its answer",
+	},
+	{
+		Name:   "idempotency/final-error-rolls-back",
+		File:   "idempotency/store.go",
+		Old:    `exec(ctx, tx, "ROLLBACK TO SAVEPOINT "+savepoint)`,
+		New:    `exec(ctx, tx, "SELECT 1")`,
+		Pkg:    "./idempotency",
+		Run:    "TestErrorsFinalAndTransient",
+		Breaks: "a final error of fn's is stored and replayed, and fn's writes roll back",
+	},
+	{
+		Name:   "idempotency/fenced-record",
+		File:   "idempotency/store.go",
+		Old:    `s.fencedSQL = fmt.Sprintf("%s AND %s = %s AND %s = %d", s.recordSQL, n.fence, p(5), n.state, stateInFlight)`,
+		New:    `s.fencedSQL = s.recordSQL + fmt.Sprint(" AND ", p(5), " = ", p(5))`,
+		Pkg:    "./idempotency",
+		Run:    "TestExternalStalledCallIsFencedOut",
+		Breaks: "an external call whose lease ended and whose key was taken has its late answer refused",
+	},
+
 	// Shared internals.
 	{
 		Name:   "sqlident/refuse-bad-names",
