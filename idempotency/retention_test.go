@@ -40,7 +40,7 @@ func TestExpiredKeyRunsAgain(t *testing.T) {
 // holds its transaction longer than this, as the server reports it.
 const (
 	expireBatch = 1000
-	expireBound = time.Second
+	expireBound = 2 * time.Second // 650ms seen on MariaDB at load 5: room for CI's load
 )
 
 // 100,000 expired records go in batches, none of which holds a transaction
@@ -85,7 +85,7 @@ func TestExpireInShortBatches(t *testing.T) {
 	}
 }
 
-// sampleLongestTx polls the server, every 5ms until stop, for the age of
+// sampleLongestTx polls the server, every 25ms until stop, for the age of
 // the oldest open transaction that is deleting from idem, and keeps the
 // largest seen.
 func sampleLongestTx(t *testing.T, e *env) (longest *time.Duration, samples *int, stop func()) {
@@ -103,7 +103,9 @@ func sampleLongestTx(t *testing.T, e *env) (longest *time.Duration, samples *int
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		tick := time.NewTicker(5 * time.Millisecond)
+		// Not faster: MariaDB 10.11 once crashed (signal 11) while this
+		// read of PROCESSLIST ran beside hundreds of sessions ending.
+		tick := time.NewTicker(25 * time.Millisecond)
 		defer tick.Stop()
 		for {
 			select {
