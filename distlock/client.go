@@ -156,16 +156,13 @@ func (c *Client) Close(ctx context.Context) error {
 		close(c.closing)
 	}
 	s := c.sub.Load()
-	var ps *redis.PubSub
-	if s != nil {
-		ps = s.ps
-	}
 	c.mu.Unlock()
-	if ps != nil {
-		// Unblocks the subscription's pending read.
-		_ = ps.Close()
-	}
 	if s != nil {
+		// s.ps was set under mu, and no later one will be (subscribe
+		// finds the client closed).
+		if s.ps != nil {
+			_ = s.ps.Close() // unblocks the subscription's pending read
+		}
 		select {
 		case <-s.done:
 		case <-ctx.Done():

@@ -134,10 +134,15 @@ func (l *line) join(w *waiter, now time.Time) (wait, busy, ok bool) {
 		l.behind = append(l.behind, w)
 		return true, false, true
 	}
-	w.phase = asking
+	l.ask(w)
 	l.head = w
-	l.asked = append(l.asked, w)
 	return false, l.busy, true
+}
+
+// ask makes w ask Redis by itself.
+func (l *line) ask(w *waiter) {
+	w.phase = asking
+	l.asked = append(l.asked, w)
 }
 
 // obtained records that w's own attempt holds the lock, until until; fresh
@@ -165,12 +170,8 @@ func (l *line) obtained(w *waiter, until time.Time, fresh bool) bool {
 // queued records that w's attempt left it in Redis's queue. A release
 // here that handed w the lock after that attempt ran has the last word.
 func (l *line) queued(w *waiter) bool {
-	switch w.phase {
-	case holding:
-		return true
-	case asking:
-	default:
-		return false
+	if w.phase != asking {
+		return w.phase == holding
 	}
 	l.busy = true
 	if l.head == nil {
@@ -203,14 +204,12 @@ func (l *line) endRelease(tok string, along *waiter, o outcome) (s step, ok bool
 	if along != nil && (along != l.along || l.by != tok) {
 		return s, false
 	}
-	if along != nil {
-		l.along, l.by = nil, ""
-	}
 	if h := l.head; h != nil && h.tok == tok {
 		l.head = nil
 		l.asked = remove(l.asked, h)
 	}
 	if along != nil {
+		l.along, l.by = nil, ""
 		l.settle(along, o, &s)
 	}
 	if o.next != "" && (along == nil || o.next != along.tok) {
@@ -236,22 +235,16 @@ func (l *line) settle(along *waiter, o outcome, s *step) {
 		// to another waiter: a release sent twice may have queued it the
 		// first time.
 		s.leave = append(s.leave, along.tok)
-	case o.lost:
-		along.phase = asking
-		l.asked = append(l.asked, along)
+	case o.lost || o.next != "" && o.next != along.tok:
+		// The reply was lost, or the lock went to another waiter here,
+		// from Redis's queue: a release sent twice may have queued along
+		// the first time, so it asks Redis where it stands.
+		l.ask(along)
 		s.wakes = append(s.wakes, wakeup{w: along})
 	case o.next == along.tok:
 		l.hold(along, o, s)
-	case o.next != "":
-		// The lock went to another waiter here, from Redis's queue; a
-		// release sent twice may have queued along the first time, so it
-		// asks Redis where it stands.
-		along.phase = asking
-		l.asked = append(l.asked, along)
-		s.wakes = append(s.wakes, wakeup{w: along})
 	default: // queued in Redis, behind another process's lock or waiter
-		along.phase = asking
-		l.asked = append(l.asked, along)
+		l.ask(along)
 		if l.head == nil {
 			l.head = along
 		}
@@ -334,8 +327,7 @@ func (l *line) rejoin(w *waiter, now time.Time) (attempt, ok bool) {
 		return false, true
 	}
 	l.behind = remove(l.behind, w)
-	w.phase = asking
-	l.asked = append(l.asked, w)
+	l.ask(w)
 	l.head = w
 	return true, true
 }

@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -109,12 +110,7 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.NodeTimeout == 0 {
-		cfg.NodeTimeout = defaultNodeTimeout
-	}
-	if cfg.DriftFactor == 0 {
-		cfg.DriftFactor = defaultDriftFactor
-	}
+	cfg.NodeTimeout, cfg.DriftFactor = cmp.Or(cfg.NodeTimeout, defaultNodeTimeout), cmp.Or(cfg.DriftFactor, defaultDriftFactor)
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
 		cfg.Backoff.MaxDelay = 100 * time.Millisecond
 	}
