@@ -89,10 +89,11 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok 
 	}
 	// release.lua's arguments: the token, its fence, whether it gives up,
 	// where to tell this client's waiters, their places' lease, and the
-	// waiter taken along, with its grant lease, TTL and turn.
-	argv := []any{tok, fence, flag(fence == 0), c.channel, ms(c.waiterLease())}
+	// waiter taken along, with its grant lease, TTL and turn (go-redis
+	// sends a bool as 1 or 0).
+	argv := []any{tok, fence, fence == 0, c.channel, ms(c.waiterLease())}
 	if along != nil {
-		argv = append(argv, along.tok, ms(c.grantLease(along.ttl)), ms(along.ttl), flag(inTurn))
+		argv = append(argv, along.tok, ms(c.grantLease(along.ttl)), ms(along.ttl), inTurn)
 	}
 	cmd, ended := c.calls.Start(ctx, releaseScript, keys, argv...)
 	res, err := cmd.Slice()

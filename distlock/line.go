@@ -189,8 +189,7 @@ func (l *line) beginRelease(tok string) (along *waiter, inTurn bool) {
 		return nil, false
 	}
 	along = l.behind[0]
-	l.behind[0] = nil
-	l.behind = l.behind[1:]
+	l.behind = remove(l.behind, along)
 	along.phase = sent
 	l.along, l.by = along, tok
 	return along, l.turn > 0
@@ -311,19 +310,15 @@ func (l *line) depart(w *waiter) (s step, ok bool) {
 // whether it asks Redis now. A deferred waiter behind a live head stays;
 // else it asks, as the head if there is none.
 func (l *line) rejoin(w *waiter, now time.Time) (attempt, ok bool) {
-	switch w.phase {
-	case asking, holding:
+	switch {
+	case w.phase == asking || w.phase == holding:
 		// A waiter handed the lock that woke without its grant (a request
 		// to look took its place) finds its hold by an attempt.
 		return true, true
-	case sent:
-		// The release under way settles it.
-		return false, true
-	case deferred:
-	default:
+	case w.phase != deferred && w.phase != sent:
 		return false, false
-	}
-	if l.alive(now) {
+	case w.phase == sent || l.alive(now):
+		// The release under way settles it; or it stays behind its head.
 		return false, true
 	}
 	l.behind = remove(l.behind, w)
