@@ -137,23 +137,14 @@ const healthInterval = 5 * time.Second
 var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.DeadlineExceeded)
 
 func (cfg Config) withDefaults() (Config, error) {
-	err := common("Config", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, map[string]time.Duration{
-		"Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease,
-	})
-	if err != nil {
-		return cfg, err
-	}
 	cfg.Recheck = cmp.Or(cfg.Recheck, defaultRecheck)
 	cfg.GrantLease = cmp.Or(cfg.GrantLease, 2*cfg.Recheck)
-	for name, d := range map[string]time.Duration{"Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease} {
-		if d < time.Millisecond {
-			return cfg, fmt.Errorf("distlock: Config.%s %v is below 1ms: %w", name, d, contend.ErrInvalid)
-		}
-	}
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > cfg.Recheck {
 		cfg.Backoff.MaxDelay = min(500*time.Millisecond, cfg.Recheck) // contend.Retry's default MaxDelay
 	}
-	return cfg, nil
+	err := common("Config", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait,
+		bound{"Config.Recheck", cfg.Recheck, time.Millisecond}, bound{"Config.GrantLease", cfg.GrantLease, time.Millisecond})
+	return cfg, err
 }
 
 // MaxDuration bounds every duration of a [Config] or [QuorumConfig] and
@@ -161,27 +152,32 @@ func (cfg Config) withDefaults() (Config, error) {
 // from them (three Rechecks, a deadline MaxWait from now) could overflow.
 const MaxDuration = 365 * 24 * time.Hour
 
-// common checks and fills in the fields that Config and QuorumConfig (what)
-// share, and refuses a negative or too large value of the others.
-func common(what string, prefix *string, ttl, maxWait *time.Duration, others map[string]time.Duration) error {
-	others["TTL"], others["MaxWait"] = *ttl, *maxWait
-	for name, d := range others {
-		if d < 0 || d > MaxDuration {
-			return fmt.Errorf("distlock: %s.%s %v is negative or above MaxDuration: %w", what, name, d, contend.ErrInvalid)
-		}
-	}
+// common fills in the fields that Config and QuorumConfig (what) share, and
+// checks them and the others, whose defaults are filled in already: a
+// negative duration is refused as one below its least.
+func common(what string, prefix *string, ttl, maxWait *time.Duration, others ...bound) error {
 	*prefix, *ttl, *maxWait = cmp.Or(*prefix, defaultPrefix), cmp.Or(*ttl, defaultTTL), cmp.Or(*maxWait, defaultMaxWait)
 	if strings.ContainsAny(*prefix, "{}") {
 		// A '{' there would make the prefix, not the key, the hash tag of
 		// every lock, and put them all on one Cluster slot.
 		return fmt.Errorf("distlock: %s.Prefix %q: a prefix may not contain '{' or '}', which would put every lock on one Cluster slot: %w", what, *prefix, contend.ErrInvalid)
 	}
-	return checkTTL(what+".TTL", *ttl)
+	return checkBounds(append(others, bound{what + ".TTL", *ttl, MinTTL}, bound{what + ".MaxWait", *maxWait, 0})...)
 }
 
-func checkTTL(what string, ttl time.Duration) error {
-	if ttl < MinTTL || ttl > MaxDuration {
-		return fmt.Errorf("distlock: %s %v is outside [%v, %v]: %w", what, ttl, MinTTL, MaxDuration, contend.ErrInvalid)
+// A bound is a duration, named, and the least it may be; MaxDuration is the
+// most.
+type bound struct {
+	name     string
+	d, least time.Duration
+}
+
+// checkBounds refuses the first duration outside its bounds.
+func checkBounds(bounds ...bound) error {
+	for _, b := range bounds {
+		if b.d < b.least || b.d > MaxDuration {
+			return fmt.Errorf("distlock: %s %v is outside [%v, %v]: %w", b.name, b.d, b.least, MaxDuration, contend.ErrInvalid)
+		}
 	}
 	return nil
 }
@@ -200,7 +196,7 @@ func checkObtain(ctx context.Context, key string, ttl time.Duration) (time.Durat
 	case strings.ContainsRune(key, '}'):
 		return 0, fmt.Errorf("distlock: obtain %q: a key may not contain '}', which ends its Cluster hash tag: %w", key, contend.ErrInvalid)
 	}
-	if err := checkTTL("ttl", ttl); err != nil {
+	if err := checkBounds(bound{"ttl", ttl, MinTTL}); err != nil {
 		return 0, err
 	}
 	if err := ctxerr.Of(ctx); err != nil {

@@ -140,7 +140,7 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 // is; the lock may still be held.
 func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 	ttl = cmp.Or(ttl, l.ttl)
-	if err := checkTTL("ttl", ttl); err != nil {
+	if err := checkBounds(bound{"ttl", ttl, MinTTL}); err != nil {
 		return err
 	}
 	ttl = ttl.Truncate(time.Millisecond)

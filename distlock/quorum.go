@@ -98,24 +98,21 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 	if len(nodes) == 0 {
 		return nil, fmt.Errorf("distlock: quorum without nodes: %w", contend.ErrInvalid)
 	}
-	for i, n := range nodes {
-		if isNil(n) {
-			return nil, fmt.Errorf("distlock: quorum node %d is nil: %w", i, contend.ErrInvalid)
-		}
-	}
 	if cfg.DriftFactor < 0 || cfg.DriftFactor >= 0.5 {
 		return nil, fmt.Errorf("distlock: QuorumConfig.DriftFactor %v is not in [0, 0.5): %w", cfg.DriftFactor, contend.ErrInvalid)
 	}
-	err := common("QuorumConfig", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, map[string]time.Duration{"NodeTimeout": cfg.NodeTimeout})
-	if err != nil {
+	cfg.NodeTimeout, cfg.DriftFactor = cmp.Or(cfg.NodeTimeout, defaultNodeTimeout), cmp.Or(cfg.DriftFactor, defaultDriftFactor)
+	if err := common("QuorumConfig", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, bound{"QuorumConfig.NodeTimeout", cfg.NodeTimeout, 0}); err != nil {
 		return nil, err
 	}
-	cfg.NodeTimeout, cfg.DriftFactor = cmp.Or(cfg.NodeTimeout, defaultNodeTimeout), cmp.Or(cfg.DriftFactor, defaultDriftFactor)
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
 		cfg.Backoff.MaxDelay = 100 * time.Millisecond
 	}
 	senders := make([]*scriptbatch.Sender, len(nodes))
 	for i, n := range nodes {
+		if isNil(n) {
+			return nil, fmt.Errorf("distlock: quorum node %d is nil: %w", i, contend.ErrInvalid)
+		}
 		// As many calls at once as the node's pool has connections, and
 		// never fewer than two: one stuck call must not fail the node for
 		// every other until it times out.
