@@ -211,17 +211,14 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		if cause := ctxerr.Of(ctx); wait && cause != nil {
 			// Obtain's ctx ended before it had the lock: a wait cut short,
 			// whether or not it had begun.
-			err = fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
-			reportMiss(ctx, c.observer, contend.EventGaveUp, key, time.Time{}, 1, err)
-			return nil, err
+			err = fmt.Errorf("gave up: %w (%w)", contend.ErrConflict, cause)
+			return nil, missed(ctx, c.observer, contend.EventGaveUp, key, time.Time{}, 1, err)
 		}
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	case l == nil && wait:
 		return c.wait(ctx, key, keys, w, true, 1)
 	case l == nil:
-		err := fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
-		reportMiss(ctx, c.observer, contend.EventConflict, key, time.Time{}, 1, err)
-		return nil, err
+		return nil, missed(ctx, c.observer, contend.EventConflict, key, time.Time{}, 1, contend.ErrConflict)
 	}
 	c.onLine(key, func(ln *line) { ln.obtained(w, l.ValidUntil(), false) })
 	// The take's attempt began when the call did, give or take the checks.

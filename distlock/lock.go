@@ -345,18 +345,20 @@ func (l *Lock) reportHold(ctx context.Context, kind contend.EventKind, err error
 	o.Observe(ctx, e)
 }
 
-// reportMiss reports a call for key that began at began (zero when
-// unknown), made attempts, and ended without the lock, returning err: a
-// conflict or a wait given up.
-func reportMiss(ctx context.Context, o contend.Observer, kind contend.EventKind, key string, began time.Time, attempts int, err error) {
+// missed returns the error of an obtain of key that ended without the lock
+// for err (a conflict, or a wait given up), and reports it as kind. The
+// call began at began (zero when unknown) and made attempts.
+func missed(ctx context.Context, o contend.Observer, kind contend.EventKind, key string, began time.Time, attempts int, err error) error {
+	err = fmt.Errorf("distlock: obtain %q: %w", key, err)
 	if o == nil {
-		return
+		return err
 	}
 	e := contend.Event{Kind: kind, Strategy: strategy, Key: key, Attempts: attempts, Err: err}
 	if !began.IsZero() {
 		e.Wait = time.Since(began)
 	}
 	o.Observe(ctx, e)
+	return err
 }
 
 // Promises says what Do promises: fn runs at most once, alone for its key

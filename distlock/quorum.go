@@ -179,11 +179,10 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		// nodes that did answer said.
 		ended := wait && ctxerr.Of(ctx) != nil
 		if !ended && (!wait || !errors.Is(err, contend.ErrConflict)) {
-			err = fmt.Errorf("distlock: obtain %q: %w", key, err)
 			if errors.Is(err, contend.ErrConflict) {
-				reportMiss(ctx, q.observer, contend.EventConflict, key, began, attempt, err)
+				return nil, missed(ctx, q.observer, contend.EventConflict, key, began, attempt, err)
 			}
-			return nil, err
+			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 		}
 		if ended || q.cfg.Backoff.Wait(ctx, attempt) != nil {
 			return nil, gaveUp(ctx, q.observer, key, began, attempt, ctxerr.Of(ctx))

@@ -143,13 +143,10 @@ func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts i
 // gaveUp returns the error of a wait for key that began at began, made
 // attempts and ended for cause, and reports it to o.
 func gaveUp(ctx context.Context, o contend.Observer, key string, began time.Time, attempts int, cause error) error {
-	err := fmt.Errorf("distlock: obtain %q: gave up waiting after %v: %w (%w)",
-		key, time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
-	if errors.Is(cause, contend.ErrClosed) {
-		err = fmt.Errorf("distlock: obtain %q: %w", key, cause)
+	if !errors.Is(cause, contend.ErrClosed) {
+		cause = fmt.Errorf("gave up waiting after %v: %w (%w)", time.Since(began).Round(time.Millisecond), contend.ErrConflict, cause)
 	}
-	reportMiss(ctx, o, contend.EventGaveUp, key, began, attempts, err)
-	return err
+	return missed(ctx, o, contend.EventGaveUp, key, began, attempts, cause)
 }
 
 // grantLease is how long a release reserves the lock for a waiter for ttl
