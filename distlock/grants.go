@@ -72,15 +72,13 @@ func (c *Client) unregister(tok string) {
 	delete(c.waiters, tok)
 }
 
-// parseGrant reads the grant in a release's reply: the waiter's token and
-// its fencing token. A malformed one only asks the waiter to check.
-func parseGrant(msg string) (tok string, g grant) {
-	tok, fence, _ := strings.Cut(msg, " ")
-	g.fence, _ = strconv.ParseInt(fence, 10, 64)
-	if g.fence <= 0 {
-		g = grant{}
-	}
-	return tok, g
+// released is the outcome of a release sent at at whose reply was msg, the
+// grant "token fence" to the waiter of this client that holds the lock now
+// (a malformed one only asks it to check), and inTurn.
+func released(msg string, inTurn bool, at time.Time) outcome {
+	next, fence, _ := strings.Cut(msg, " ")
+	f, _ := strconv.ParseInt(fence, 10, 64)
+	return outcome{next: next, fence: max(f, 0), at: at, inTurn: inTurn, lost: next != "" && f <= 0}
 }
 
 // wake wakes w with g. A grant for a waiter that has just given up is not

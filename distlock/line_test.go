@@ -400,10 +400,8 @@ func (w *world) release(g *goroutine, tok string, fence int64, givingUp bool, al
 		_, msg, turn = w.r.release(tok, fence, givingUp, next, inTurn, true)
 	}, func(lost bool) {
 		o := outcome{lost: lost, at: w.now, inTurn: turn}
-		if msg != "" && !lost {
-			var gr grant
-			o.next, gr = parseGrant(msg)
-			o.fence = gr.fence
+		if !lost {
+			o = released(msg, turn, w.now)
 		}
 		w.endRelease(g, tok, along, o)
 	})

@@ -236,21 +236,15 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok 
 	if err == nil && len(res) != 3 {
 		err = fmt.Errorf("distlock: unexpected reply %v from the release script", res)
 	}
-	if err != nil {
-		c.endRelease(ctx, key, keys, tok, along, outcome{lost: true}, ended)
-		return replyNotHeld, err
+	held, o := int64(replyNotHeld), outcome{lost: true}
+	if err == nil {
+		msg, _ := res[1].(string)
+		turnPass, _ := res[2].(int64)
+		held, _ = res[0].(int64)
+		o = released(msg, turnPass == 1, began)
 	}
-	held, _ := res[0].(int64)
-	msg, _ := res[1].(string)
-	turnPass, _ := res[2].(int64)
-	o := outcome{at: began, inTurn: turnPass == 1}
-	if msg != "" {
-		var g grant
-		o.next, g = parseGrant(msg)
-		o.fence, o.lost = g.fence, g.fence == 0
-	}
-	c.endRelease(ctx, key, keys, tok, along, o, nil)
-	return held, nil
+	c.endRelease(ctx, key, keys, tok, along, o, ended)
+	return held, err
 }
 
 // cleanUp runs tok's leave on a goroutine of the Client's, so that the
