@@ -195,22 +195,30 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 // drift allowance) ran out; otherwise the token is deleted everywhere.
 func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*Lock, error) {
 	keys := []string{q.cfg.Prefix + "{" + key + "}"}
-	tok := token.New()
 	began := time.Now()
-	held, err := q.vote(ctx, "lock", quorumLockScript, keys, leaseArgs(tok, ttl), isOne)
-	l := newLock(q, &q.base, key, keys, tok, 0, ttl, began.Add(ttl-q.margin(ttl)))
-	if held && time.Now().Before(l.ValidUntil()) {
+	l := newLock(q, &q.base, key, keys, token.New(), 0, ttl, began.Add(ttl-q.margin(ttl)))
+	held, err := q.lease(ctx, "lock", quorumLockScript, l, ttl, began)
+	if held {
 		return l, nil
 	}
 	// Also the nodes that failed: their SET may have run, its reply lost.
 	_, _ = q.release(q.clock.context(ctx), l)
-	switch {
-	case err != nil:
-		return nil, err
-	case !held:
-		return nil, contend.ErrConflict
+	if err == nil {
+		err = contend.ErrConflict // a majority has another token
 	}
-	return nil, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
+	return nil, err
+}
+
+// lease asks the nodes, by script, for l's lease of ttl (what: "lock" or
+// "refresh"): held only if a majority granted it within its validity from
+// began. Not held: a majority has another token (for a refresh, lost for
+// good).
+func (q *Quorum) lease(ctx context.Context, what string, script *redis.Script, l *Lock, ttl time.Duration, began time.Time) (bool, error) {
+	held, err := q.vote(ctx, what, script, l.keys, leaseArgs(l.token, ttl), func(_ int, reply int64) bool { return reply == 1 })
+	if held && !time.Now().Before(began.Add(ttl-q.margin(ttl))) {
+		return false, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
+	}
+	return held, err
 }
 
 // vote runs script on every node at once, each bounded by NodeTimeout, and
@@ -256,12 +264,7 @@ func (q *Quorum) vote(ctx context.Context, what string, script *redis.Script, ke
 }
 
 func (q *Quorum) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool, error) {
-	began := time.Now()
-	held, err := q.vote(ctx, "refresh", quorumRefreshScript, l.keys, leaseArgs(l.token, ttl), isOne)
-	if held && time.Since(began) >= ttl-q.margin(ttl) {
-		return false, fmt.Errorf("the majority took longer than the lease's validity: %w", ErrNoQuorum)
-	}
-	return held, err // not held: a majority no longer has the token, lost for good
+	return q.lease(ctx, "refresh", quorumRefreshScript, l, ttl, time.Now())
 }
 
 func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
@@ -285,6 +288,3 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 	slices.Sort(left)
 	return left[len(left)-q.quorum], true, nil
 }
-
-// isOne is the yes of the lock and refresh scripts.
-func isOne(_ int, reply int64) bool { return reply == 1 }
