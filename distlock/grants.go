@@ -184,12 +184,10 @@ func (c *Client) listen(s *subscriber) {
 		s.healthy.Store(false)
 		s.settle()
 		failures++
-		t := time.NewTimer(retry.Delay(failures))
 		select {
 		case <-c.closing:
-			t.Stop()
 			return
-		case <-t.C:
+		case <-time.After(retry.Delay(failures)):
 		}
 		_ = s.ps.Close()
 	}

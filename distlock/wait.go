@@ -104,11 +104,9 @@ func (c *Client) awaitSubscription(ctx context.Context, s *subscriber) {
 	if s.healthy.Load() {
 		return
 	}
-	t := time.NewTimer(c.cfg.Recheck)
-	defer t.Stop()
 	select {
 	case <-s.settled:
-	case <-t.C:
+	case <-time.After(c.cfg.Recheck):
 	case <-ctx.Done():
 	}
 }
@@ -123,12 +121,10 @@ func (c *Client) sleep(ctx context.Context, s *subscriber, w *waiter, attempts i
 	if !s.healthy.Load() {
 		delay = max(c.cfg.Backoff.Delay(attempts), time.Millisecond)
 	}
-	t := time.NewTimer(min(delay, time.Until(giveUpBy)))
-	defer t.Stop()
 	select {
 	case g := <-w.wake:
 		return g, nil
-	case <-t.C:
+	case <-time.After(min(delay, time.Until(giveUpBy))):
 		if !time.Now().Before(giveUpBy) {
 			return grant{}, errMaxWait
 		}
