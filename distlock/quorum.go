@@ -174,18 +174,16 @@ func (q *Quorum) obtain(ctx context.Context, key string, ttl time.Duration, wait
 			l.reportObtained(ctx, began, attempt)
 			return l, nil
 		}
-		// ctx ended during the attempt, cutting the nodes' calls short:
-		// the wait ended, as it does in the backoff below, whatever the
-		// nodes that did answer said.
-		ended := wait && ctxerr.Of(ctx) != nil
-		if !ended && (!wait || !errors.Is(err, contend.ErrConflict)) {
-			if errors.Is(err, contend.ErrConflict) {
-				return nil, missed(ctx, q.observer, contend.EventConflict, key, began, attempt, err)
-			}
-			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
-		}
-		if ended || q.cfg.Backoff.Wait(ctx, attempt) != nil {
+		// A wait ends when ctx ends, during the attempt (which cut the
+		// nodes' calls short, whatever the nodes that did answer said) or
+		// in the backoff after a conflict.
+		switch conflict := errors.Is(err, contend.ErrConflict); {
+		case wait && ctxerr.Of(ctx) != nil, wait && conflict && q.cfg.Backoff.Wait(ctx, attempt) != nil:
 			return nil, gaveUp(ctx, q.observer, key, began, attempt, ctxerr.Of(ctx))
+		case !conflict:
+			return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+		case !wait:
+			return nil, missed(ctx, q.observer, contend.EventConflict, key, began, attempt, err)
 		}
 	}
 }
