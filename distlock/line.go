@@ -332,9 +332,6 @@ func (l *line) idle() bool {
 	return l.head == nil && len(l.behind) == 0 && len(l.asked) == 0 && l.along == nil
 }
 
-// empty reports whether the line says nothing any more.
-func (l *line) empty() bool { return l.idle() && !l.busy }
-
 func remove(ws []*waiter, w *waiter) []*waiter {
 	if len(ws) > 0 && ws[0] == w {
 		// Most often the oldest: it leaves without a look at the others,
@@ -392,7 +389,7 @@ func (c *Client) onLine(key string, event func(l *line)) {
 		sh.keys[key] = l
 	}
 	event(l)
-	if l.empty() {
+	if l.idle() && !l.busy { // the line says nothing any more
 		// A key locked by one call at a time makes and forgets its line
 		// at every call: the next reuses it, and its slices' room.
 		delete(sh.keys, key)

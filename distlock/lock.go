@@ -73,8 +73,8 @@ type Lock struct {
 	holdCtx       context.Context
 	stopLostEvent func() bool // stops the report of the hold's loss; nil without an Observer
 	lost          error       // what the watchdog reported when it stopped
-	released      bool
-	result        error // Release's outcome, returned again by later calls
+	released      atomic.Bool // set under mu
+	result        error       // Release's outcome, returned again by later calls
 }
 
 // newLock returns a lock of owner, whose base is b.
@@ -144,10 +144,7 @@ func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
 		return err
 	}
 	ttl = ttl.Truncate(time.Millisecond)
-	l.mu.Lock()
-	released := l.released
-	l.mu.Unlock()
-	if released {
+	if l.released.Load() {
 		return fmt.Errorf("distlock: refresh %q: already released: %w", l.key, contend.ErrLockLost)
 	}
 	held, err := l.extend(ctx, ttl)
@@ -189,15 +186,14 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 	if l.holdCtx != nil {
 		return l.holdCtx
 	}
-	if l.released {
+	if l.released.Load() {
 		hctx, cancel := context.WithCancelCause(ctx)
 		cancel(fmt.Errorf("distlock: hold %q: already released: %w", l.key, contend.ErrLockLost))
 		l.holdCtx = hctx
 		return hctx
 	}
 	ttl := l.ttl - l.base.margin(l.ttl)
-	obtained := l.ValidUntil().Add(-ttl)
-	l.hold = l.base.holds.Start(ctx, obtained, ttl, func(ctx context.Context) (bool, error) {
+	l.hold = l.base.holds.Start(ctx, l.ValidUntil().Add(-ttl), ttl, func(ctx context.Context) (bool, error) {
 		held, err := l.extend(ctx, l.ttl)
 		if err != nil {
 			l.reportHold(ctx, contend.EventFailed, err)
@@ -236,7 +232,7 @@ func (l *Lock) Hold(ctx context.Context) context.Context {
 func (l *Lock) Release(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.released {
+	if l.released.Load() {
 		return l.result
 	}
 	if l.hold != nil {
@@ -254,7 +250,7 @@ func (l *Lock) Release(ctx context.Context) error {
 		l.reportHold(ctx, contend.EventFailed, err)
 		return errors.Join(l.lost, err)
 	}
-	l.released = true
+	l.released.Store(true)
 	switch {
 	case l.lost != nil:
 		l.result = fmt.Errorf("distlock: release %q: %w", l.key, l.lost)
