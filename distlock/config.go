@@ -139,10 +139,7 @@ var errMaxWait = fmt.Errorf("distlock: waited Config.MaxWait: %w", context.Deadl
 func (cfg Config) withDefaults() (Config, error) {
 	cfg.Recheck = cmp.Or(cfg.Recheck, defaultRecheck)
 	cfg.GrantLease = cmp.Or(cfg.GrantLease, 2*cfg.Recheck)
-	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > cfg.Recheck {
-		cfg.Backoff.MaxDelay = min(500*time.Millisecond, cfg.Recheck) // contend.Retry's default MaxDelay
-	}
-	err := common("Config", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait,
+	err := common("Config", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, &cfg.Backoff, cfg.Recheck,
 		bound{"Config.Recheck", cfg.Recheck, time.Millisecond}, bound{"Config.GrantLease", cfg.GrantLease, time.Millisecond})
 	return cfg, err
 }
@@ -152,11 +149,15 @@ func (cfg Config) withDefaults() (Config, error) {
 // from them (three Rechecks, a deadline MaxWait from now) could overflow.
 const MaxDuration = 365 * 24 * time.Hour
 
-// common fills in the fields that Config and QuorumConfig (what) share, and
-// checks them and the others, whose defaults are filled in already: a
-// negative duration is refused as one below its least.
-func common(what string, prefix *string, ttl, maxWait *time.Duration, others ...bound) error {
+// common fills in the fields that Config and QuorumConfig (what) share, the
+// backoff's MaxDelay at most maxDelay, and checks them and the others, whose
+// defaults are filled in already: a negative duration is refused as one
+// below its least.
+func common(what string, prefix *string, ttl, maxWait *time.Duration, backoff *contend.Retry, maxDelay time.Duration, others ...bound) error {
 	*prefix, *ttl, *maxWait = cmp.Or(*prefix, defaultPrefix), cmp.Or(*ttl, defaultTTL), cmp.Or(*maxWait, defaultMaxWait)
+	if backoff.MaxDelay <= 0 || backoff.MaxDelay > maxDelay {
+		backoff.MaxDelay = min(500*time.Millisecond, maxDelay) // contend.Retry's default MaxDelay
+	}
 	if strings.ContainsAny(*prefix, "{}") {
 		// A '{' there would make the prefix, not the key, the hash tag of
 		// every lock, and put them all on one Cluster slot.

@@ -102,11 +102,10 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 		return nil, fmt.Errorf("distlock: QuorumConfig.DriftFactor %v is not in [0, 0.5): %w", cfg.DriftFactor, contend.ErrInvalid)
 	}
 	cfg.NodeTimeout, cfg.DriftFactor = cmp.Or(cfg.NodeTimeout, defaultNodeTimeout), cmp.Or(cfg.DriftFactor, defaultDriftFactor)
-	if err := common("QuorumConfig", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, bound{"QuorumConfig.NodeTimeout", cfg.NodeTimeout, 0}); err != nil {
+	err := common("QuorumConfig", &cfg.Prefix, &cfg.TTL, &cfg.MaxWait, &cfg.Backoff, 100*time.Millisecond,
+		bound{"QuorumConfig.NodeTimeout", cfg.NodeTimeout, 0})
+	if err != nil {
 		return nil, err
-	}
-	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
-		cfg.Backoff.MaxDelay = 100 * time.Millisecond
 	}
 	senders := make([]*scriptbatch.Sender, len(nodes))
 	for i, n := range nodes {
