@@ -27,7 +27,10 @@ func Known(c *Client) int {
 }
 
 // Listening reports whether c's subscription is confirmed.
-func Listening(c *Client) bool { return c.listening() }
+func Listening(c *Client) bool {
+	s := c.sub.Load()
+	return s != nil && s.healthy.Load()
+}
 
 // The scripts a test's go-redis hook may stop.
 var (

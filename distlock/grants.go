@@ -59,13 +59,6 @@ func (c *Client) register(w *waiter) (*subscriber, error) {
 	return s, nil
 }
 
-// listening reports whether the subscription is confirmed: messages
-// published now reach this client.
-func (c *Client) listening() bool {
-	s := c.sub.Load()
-	return s != nil && s.healthy.Load()
-}
-
 func (c *Client) unregister(tok string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -150,11 +150,11 @@ func gaveUp(ctx context.Context, o contend.Observer, key string, began time.Time
 func (c *Client) grantLease(ttl time.Duration) time.Duration { return min(c.cfg.GrantLease, ttl) }
 
 // takeAlong returns the waiter deferred here behind tok that its release
-// takes along, if any, and whether it is in this client's turn. None while
-// the subscription is unconfirmed: a waiter taken along may be queued, and
-// a message published to it then would be lost.
+// takes along, if any, and whether it is in this client's turn. None until
+// the subscription is confirmed: a waiter taken along may be queued, and a
+// message published to it before would be lost.
 func (c *Client) takeAlong(key, tok string) (along *waiter, inTurn bool) {
-	if !c.listening() {
+	if s := c.sub.Load(); s == nil || !s.healthy.Load() {
 		return nil, false
 	}
 	c.onLine(key, func(l *line) { along, inTurn = l.beginRelease(tok) })
