@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,7 +57,6 @@ type Client struct {
 	channel string // where releases tell this client's waiters to look
 
 	local [localShards]keyShard // what this client knows of its keys: see line.go
-	seed  maphash.Seed
 	calls *scriptbatch.Sender
 	// cleanups counts the leaves under way that no caller waits for.
 	cleanups inflight.Group
@@ -88,7 +86,6 @@ func NewClient(rdb RedisClient, cfg Config) (*Client, error) {
 		rdb:     rdb,
 		cfg:     cfg,
 		channel: cfg.Prefix + "grants:" + token.New(),
-		seed:    maphash.MakeSeed(),
 		calls:   scriptbatch.New(rdb, scriptbatch.Limit(rdb)),
 		waiters: map[string]*waiter{},
 		closing: make(chan struct{}),
@@ -279,19 +276,18 @@ func (c *Client) refresh(ctx context.Context, l *Lock, ttl time.Duration) (bool,
 // if it was sent within l's validity.
 func (c *Client) release(ctx context.Context, l *Lock) (bool, error) {
 	began := time.Now()
-	gone := func(reply int64) bool {
-		return reply == replyReleased || reply == replyGone && began.Before(l.ValidUntil())
-	}
 	along, inTurn := c.takeAlong(l.key, l.token)
+	reply, err := int64(replyQueued), error(nil)
 	if l.taken && along == nil {
-		n, err := c.calls.Run(ctx, freeScript, l.keys[:2], l.token, l.fence).Int64()
-		if err != nil || n != replyQueued {
+		reply, err = c.calls.Run(ctx, freeScript, l.keys[:2], l.token, l.fence).Int64()
+		if err != nil || reply != replyQueued {
 			c.endRelease(ctx, l.key, l.keys, l.token, nil, outcome{lost: err != nil}, nil)
-			return gone(n), err
 		}
 	}
-	reply, err := c.runRelease(ctx, l.key, l.keys, l.token, l.fence, along, inTurn)
-	return gone(reply), err
+	if err == nil && reply == replyQueued {
+		reply, err = c.runRelease(ctx, l.key, l.keys, l.token, l.fence, along, inTurn)
+	}
+	return reply == replyReleased || reply == replyGone && began.Before(l.ValidUntil()), err
 }
 
 func (c *Client) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {

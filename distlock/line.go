@@ -350,6 +350,9 @@ func remove(ws []*waiter, w *waiter) []*waiter {
 
 const localShards = 32
 
+// seed hashes keys to their shards.
+var seed = maphash.MakeSeed()
+
 // maxBusy bounds the keys a client remembers only as busy; past it, a
 // shard forgets them, and they are learnt again.
 const maxBusy = 1024
@@ -361,7 +364,7 @@ type keyShard struct {
 }
 
 func (c *Client) shard(key string) *keyShard {
-	return &c.local[maphash.String(c.seed, key)%localShards]
+	return &c.local[maphash.String(seed, key)%localShards]
 }
 
 // onLine runs event on key's line under its shard's mutex, making the line
