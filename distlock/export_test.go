@@ -1,11 +1,15 @@
 package distlock
 
-import "github.com/contend/contend/internal/scriptbatch"
+import (
+	"hash/maphash"
+
+	"github.com/contend/contend/internal/scriptbatch"
+)
 
 // Deferred returns how many of c's waiters for key wait behind its head
 // there, without being queued in Redis.
 func Deferred(c *Client, key string) int {
-	sh := c.shard(key)
+	sh := &c.local[maphash.String(seed, key)%localShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if st := sh.keys[key]; st != nil {

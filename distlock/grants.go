@@ -40,8 +40,9 @@ type grant struct {
 	at    time.Duration // since epoch: a grant has no pointer, and its channel's buffer needs no allocation of its own
 }
 
-// register records w for its wake-ups, starting the subscriber if this is
-// the client's first wait, and returns the subscriber.
+// register records w for its wake-ups, until its wait ends, starting the
+// subscriber if this is the client's first wait, and returns the
+// subscriber.
 func (c *Client) register(w *waiter) (*subscriber, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -57,12 +58,6 @@ func (c *Client) register(w *waiter) (*subscriber, error) {
 	}
 	c.waiters[w.tok] = w
 	return s, nil
-}
-
-func (c *Client) unregister(tok string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.waiters, tok)
 }
 
 // released is the outcome of a release sent at at whose reply was msg, the

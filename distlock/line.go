@@ -363,14 +363,10 @@ type keyShard struct {
 	spare *line // the last line forgotten, emptied, for the next key
 }
 
-func (c *Client) shard(key string) *keyShard {
-	return &c.local[maphash.String(seed, key)%localShards]
-}
-
 // onLine runs event on key's line under its shard's mutex, making the line
 // if needed and forgetting it when it says nothing any more.
 func (c *Client) onLine(key string, event func(l *line)) {
-	sh := c.shard(key)
+	sh := &c.local[maphash.String(seed, key)%localShards]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	l := sh.keys[key]

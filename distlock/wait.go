@@ -38,6 +38,9 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 	// Close waits for the wait to end, and for the clean-up it starts.
 	c.cleanups.Add()
 	defer func() {
+		c.mu.Lock()
+		delete(c.waiters, w.tok) // no more wake-ups
+		c.mu.Unlock()
 		if l == nil {
 			// Whatever w may have in Redis is given up, even though ctx may
 			// have ended: that may be why.
@@ -49,7 +52,6 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 	if err != nil {
 		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
-	defer c.unregister(w.tok)
 	c.awaitSubscription(ctx, s)
 	giveUpBy := began.Add(c.cfg.MaxWait)
 	for attempts := 0; ; {
