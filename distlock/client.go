@@ -203,8 +203,9 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	switch {
 	case err != nil:
 		// The script may have run and only the reply been lost: let go of
-		// whatever it may have taken rather than leave it for the TTL.
-		c.depart(ctx, key, keys, w)
+		// whatever it may have taken, once the call has ended, rather than
+		// leave it for the TTL.
+		c.step(ctx, key, keys, w.ended, func(ln *line) (step, bool) { return ln.depart(w) })
 		if cause := ctxerr.Of(ctx); wait && cause != nil {
 			// Obtain's ctx ended before it had the lock: a wait cut short,
 			// whether or not it had begun.

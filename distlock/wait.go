@@ -42,9 +42,10 @@ func (c *Client) wait(ctx context.Context, key string, keys []string, w *waiter,
 		delete(c.waiters, w.tok) // no more wake-ups
 		c.mu.Unlock()
 		if l == nil {
-			// Whatever w may have in Redis is given up, even though ctx may
-			// have ended: that may be why.
-			c.depart(ctx, key, keys, w)
+			// w departs: whatever it may have in Redis is given up once its
+			// last call has ended, even though ctx may have ended: that
+			// may be why.
+			c.step(ctx, key, keys, w.ended, func(ln *line) (step, bool) { return ln.depart(w) })
 		}
 		c.cleanups.Done()
 	}()
@@ -168,12 +169,6 @@ func (c *Client) takeAlong(key, tok string) (along *waiter, inTurn bool) {
 // which closes when the release's call has ended (see scriptbatch.Start).
 func (c *Client) endRelease(ctx context.Context, key string, keys []string, tok string, along *waiter, o outcome, ended <-chan struct{}) {
 	c.step(ctx, key, keys, ended, func(l *line) (step, bool) { return l.endRelease(tok, along, o) })
-}
-
-// depart reports that w's caller returns without the lock, and gives up
-// what w may have in Redis once w's last call has ended.
-func (c *Client) depart(ctx context.Context, key string, keys []string, w *waiter) {
-	c.step(ctx, key, keys, w.ended, func(l *line) (step, bool) { return l.depart(w) })
 }
 
 // step runs event on key's line and does what the step it returns asks:
