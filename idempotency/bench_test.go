@@ -2,11 +2,14 @@ package idempotency_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/contend/contend/idempotency"
 	"github.com/contend/contend/internal/testserver"
@@ -18,9 +21,13 @@ import (
 // work):
 //
 //   - BenchmarkFirstCall: a new key each time, so every call runs fn; raw is
-//     the bare transaction (BEGIN, fn's INSERT, COMMIT). The store adds
-//     its replay read, the key's INSERT, a SAVEPOINT and the answer's
-//     UPDATE.
+//     the bare transaction (BEGIN, fn's INSERT, COMMIT). raw-floor is the
+//     least a first call can send when a replay is one round trip and runs
+//     no fn: the replay read, then BEGIN, fn's INSERT, the record's
+//     INSERT, COMMIT. The store sends the replay read, BEGIN, the key's
+//     INSERT, fn's INSERT, the answer's UPDATE, COMMIT: one statement more
+//     than the floor, so that a duplicate in flight waits for the key
+//     before its fn runs.
 //   - BenchmarkReplay: a key with a stored answer; raw is the primary-key
 //     SELECT of the answer, which is what the store sends.
 
@@ -66,6 +73,33 @@ func BenchmarkFirstCall(b *testing.B) {
 				}
 				defer tx.Rollback()
 				if _, err := tx.ExecContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, fmt.Sprint(i), "fp", "a"); err != nil {
+					return err
+				}
+				return tx.Commit()
+			})
+		})
+		b.Run(fmt.Sprintf("raw-floor/workers=%d", workers), func(b *testing.B) {
+			e := benchEnv(b)
+			record := `INSERT INTO idem (id, fingerprint, state, answer, fence, expires_at)
+				VALUES ($1, $2, 1, $3, 1, clock_timestamp() + $4::bigint * interval '1 microsecond') ON CONFLICT DO NOTHING`
+			parallel(b, workers, func(ctx context.Context, i int64) error {
+				key := fmt.Sprint(i)
+				var answer []byte
+				switch err := e.own.QueryRowContext(ctx, `SELECT answer FROM idem WHERE id = $1`, key).Scan(&answer); {
+				case err == nil:
+					return fmt.Errorf("key %s has a record", key)
+				case !errors.Is(err, sql.ErrNoRows):
+					return err
+				}
+				tx, err := e.own.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				defer tx.Rollback()
+				if _, err := tx.ExecContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", "a"); err != nil {
+					return err
+				}
+				if _, err := tx.ExecContext(ctx, record, key, "fp", []byte("a"), int64(24*time.Hour/time.Microsecond)); err != nil {
 					return err
 				}
 				return tx.Commit()

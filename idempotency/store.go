@@ -21,10 +21,14 @@ const (
 	stateFailed   = 2 // a final error's message is stored
 )
 
-// savepoints names the savepoint each call sets before fn runs, so that a
-// final error rolls back fn's writes and keeps the key's record: a name of
-// its own per call, since MySQL replaces a savepoint by a later one of the
-// same name, which a Do nested in fn's transaction would set.
+// savepoints names the savepoint a call in a caller's transaction sets
+// before fn runs, so that a final error rolls back fn's writes and keeps
+// the key's record: a name of its own per call, since MySQL replaces a
+// savepoint by a later one of the same name, which a Do nested in fn's
+// transaction would set. A call in a transaction of its own sets none: a
+// final error rolls the whole transaction back, and the error is recorded
+// in another (see Store.recordFailure), so that a first call costs no
+// statement for a failure it will most likely not have.
 var savepoints stdatomic.Uint64
 
 func savepointName() string {
@@ -53,7 +57,7 @@ type Store struct {
 	insertSQL   string // key, fingerprint, expiry µs → 1 row, or 0 (PostgreSQL) or a duplicate key (MySQL)
 	takeoverSQL string // fingerprint, expiry µs, key
 	fenceSQL    string // key → fence
-	recordSQL   string // state, answer, retention µs, key
+	answerSQL   string // state, answer, key
 	fencedSQL   string // state, answer, retention µs, key, fence
 	releaseSQL  string // key, fence
 	expireSQL   string // batch
@@ -137,9 +141,14 @@ func (s *Store) build(n names) {
 	s.takeoverSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %d, %s = NULL, %s = GREATEST(%s + 1, %s), %s = %s WHERE %s = %s",
 		n.table, n.fingerprint, p(1), n.state, stateInFlight, n.answer, n.fence, n.fence, nowMicros, n.expires, after(2), n.key, p(3))
 	s.fenceSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", n.fence, n.table, n.key, p(1))
-	s.recordSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %s, %s = %s WHERE %s = %s",
-		n.table, n.state, p(1), n.answer, p(2), n.expires, after(3), n.key, p(4))
-	s.fencedSQL = fmt.Sprintf("%s AND %s = %s AND %s = %d", s.recordSQL, n.fence, p(5), n.state, stateInFlight)
+	// Do's record got its expiry when the key was taken, in the same
+	// transaction: the answer leaves the indexed columns alone, so that
+	// PostgreSQL can update the row in place (HOT), without new index
+	// entries.
+	s.answerSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %s WHERE %s = %s",
+		n.table, n.state, p(1), n.answer, p(2), n.key, p(3))
+	s.fencedSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %s, %s = %s WHERE %s = %s AND %s = %s AND %s = %d",
+		n.table, n.state, p(1), n.answer, p(2), n.expires, after(3), n.key, p(4), n.fence, p(5), n.state, stateInFlight)
 	s.releaseSQL = fmt.Sprintf("DELETE FROM %s WHERE %s = %s AND %s = %s AND %s = %d",
 		n.table, n.key, p(1), n.fence, p(2), n.state, stateInFlight)
 	// A batch reads the expiry index from its start: the time it compares
@@ -361,10 +370,15 @@ func checkArgs(op, key string, fnNil bool) error {
 // itself if that call rolled back; under [Config.NoWait] it returns an
 // error matching [ErrInFlight] at once.
 //
-// fn's error is final unless marked with [Transient]: its writes roll back
-// (to a savepoint set before fn), its message is stored, and Do returns an
-// error matching [ErrFailed] that wraps it; later calls replay an error
-// with the same message that matches ErrFailed. A transient error rolls
+// fn's error is final unless marked with [Transient]: its writes roll back,
+// its message is stored, and Do returns an error matching [ErrFailed] that
+// wraps it; later calls replay an error with the same message that matches
+// ErrFailed. In a transaction of its own, Do rolls fn's writes back with
+// the whole transaction and stores the message in another: a duplicate
+// that waited for the key may take it in between and run fn itself, and
+// then both calls return that call's answer. When the message cannot be
+// stored (ctx ended, a database error), Do returns an error that wraps fn's
+// and does not match ErrFailed, and a retry runs fn again. A transient error rolls
 // everything back and is returned as it is; so, without a mark, is an error
 // that comes with ctx's end, a database or network error, an error matching
 // [contend.ErrConflict] or [contend.ErrLockLost] (a nested guard's lost
@@ -415,9 +429,12 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 			return errNotTaken
 		}
 		rep.obtained(ctx, 0)
-		savepoint := savepointName()
-		if _, err := exec(ctx, tx, "SAVEPOINT "+savepoint); err != nil {
-			return err
+		var savepoint string
+		if !h.Owned() {
+			savepoint = savepointName()
+			if _, err := exec(ctx, tx, "SAVEPOINT "+savepoint); err != nil {
+				return err
+			}
 		}
 		answer, ferr := fn(ctx)
 		state := int64(stateDone)
@@ -426,12 +443,16 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 				fnErr = ferr
 				return ferr
 			}
+			final = ferr
+			if h.Owned() {
+				return errFinal
+			}
 			if _, err := exec(ctx, tx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
 				return errors.Join(ferr, err)
 			}
-			final, state, answer = ferr, stateFailed, []byte(ferr.Error())
+			state, answer = stateFailed, []byte(ferr.Error())
 		}
-		n, err := exec(ctx, tx, s.recordSQL, state, answer, micros(s.retention), key)
+		n, err := exec(ctx, tx, s.answerSQL, state, answer, key)
 		if err != nil {
 			return fmt.Errorf("idempotency: do %q: store the answer: %w", key, err)
 		}
@@ -449,6 +470,8 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 		answer, replayed, err = s.answerOf(key, fingerprint, rec)
 		rep.answered(ctx, replayed, err)
 		return answer, replayed, err
+	case errors.Is(err, errFinal) && final != nil:
+		return s.recordFailure(ctx, rep, key, fingerprint, final)
 	case err != nil:
 		if !errors.Is(err, ErrInFlight) && context.Cause(ctx) == nil && (fnErr == nil || err != fnErr) {
 			err = fmt.Errorf("idempotency: do %q: %w", key, err)
@@ -462,6 +485,51 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 	}
 	rep.released(ctx, nil)
 	return out, false, nil
+}
+
+// errFinal ends a transaction of the Store's own whose fn returned a final
+// error: it rolls back, fn's writes with the key's record, and the error
+// is recorded after (see Store.recordFailure).
+var errFinal = errors.New("idempotency: final error")
+
+// recordFailure records fn's final error under key, in a transaction of its
+// own, after the transaction fn ran in rolled back. The key was free for
+// that moment: a duplicate that waited for it may have taken it, and run
+// fn itself. Then that call's record is the key's, and this call answers
+// from it, as every later call will, so that every caller with the key
+// gets the same answer.
+func (s *Store) recordFailure(ctx context.Context, rep *report, key, fingerprint string, final error) ([]byte, bool, error) {
+	var rec *record
+	msg := []byte(final.Error())
+	_, err := txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
+		rec = nil
+		r, taken, err := s.take(ctx, tx, key, fingerprint, s.retention)
+		if err != nil {
+			return err
+		}
+		if !taken {
+			rec = r
+			return errNotTaken
+		}
+		n, err := exec(ctx, tx, s.answerSQL, int64(stateFailed), msg, key)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("the record this transaction holds is gone (%d rows)", n)
+		}
+		return err
+	})
+	rep.released(ctx, final)
+	switch {
+	case errors.Is(err, errNotTaken) && rec != nil:
+		return s.answerOf(key, fingerprint, rec)
+	case err != nil:
+		// fn's writes rolled back, and nothing is stored: a retry runs fn
+		// again, as after a transient error.
+		if context.Cause(ctx) == nil {
+			err = fmt.Errorf("idempotency: do %q: record fn's final error: %w", key, err)
+		}
+		return nil, false, fmt.Errorf("%w (fn's final error, not recorded: %w)", err, final)
+	}
+	return nil, false, &failedError{msg: final.Error(), err: final}
 }
 
 // Expire removes the records whose retention ended (and the records of
