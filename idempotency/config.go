@@ -87,7 +87,9 @@ type Config struct {
 	//   - GaveUp when ctx ends a wait;
 	//   - Lost (Fence, Err matching [ErrFenced]) when an external call's
 	//     answer is refused because its lease ended and its key was taken
-	//     or removed.
+	//     or removed;
+	//   - Expired (Fence) for each record [Store.Expire] removes, keyed by
+	//     the record's key, once its batch committed.
 	// It runs on the caller's goroutine and must not block. Zero means no
 	// events, at no cost.
 	Observer contend.Observer

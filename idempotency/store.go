@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	stdatomic "sync/atomic"
 	"time"
 
@@ -61,6 +62,9 @@ type Store struct {
 	fencedSQL   string // state, answer, retention µs, key, fence
 	releaseSQL  string // key, fence
 	expireSQL   string // batch
+	keyFence    string // the key and fence columns, for a RETURNING
+	expiredSQL  string // batch → key, fence of expired records, locked (MySQL)
+	removeSQL   string // DELETE by key, less its list of keys (MySQL)
 }
 
 // New validates cfg and builds the store's statements. db is a pool (a
@@ -155,8 +159,12 @@ func (s *Store) build(n names) {
 	// with is the statement's (now(), NOW(6)), which the planner can use
 	// on the index; clock_timestamp(), volatile, would make every batch
 	// scan the table past the dead rows of the batches before it.
+	s.keyFence = n.key + ", " + n.fence
 	if s.dialect == sqldb.MySQL {
 		s.expireSQL = fmt.Sprintf("DELETE FROM %s WHERE %s <= NOW(6) ORDER BY %s LIMIT ?", n.table, n.expires, n.expires)
+		s.expiredSQL = fmt.Sprintf("SELECT %s, %s FROM %s WHERE %s <= NOW(6) ORDER BY %s LIMIT ? FOR UPDATE SKIP LOCKED",
+			n.key, n.fence, n.table, n.expires, n.expires)
+		s.removeSQL = fmt.Sprintf("DELETE FROM %s WHERE %s IN", n.table, n.key)
 	} else {
 		// SKIP LOCKED: a batch never waits for a call that is taking an
 		// expired key over.
@@ -544,6 +552,12 @@ func (s *Store) recordFailure(ctx context.Context, rep *report, key, fingerprint
 // conflict), or from a cron job: nothing else removes records, and a
 // table nobody expires grows with every key. On a transaction (db is one)
 // it runs in that transaction.
+//
+// With a [Config.Observer], Expire reports an [contend.EventExpired] for
+// each record it removed, after its batch committed. On MySQL and MariaDB,
+// whose DELETE cannot return what it removed, each batch is then two
+// statements in a transaction (the expired keys read and locked, then
+// removed by key), of at most 10,000 records.
 func (s *Store) Expire(ctx context.Context, batch int) (removed int64, err error) {
 	if batch < 0 {
 		return 0, fmt.Errorf("idempotency: expire: batch %d is negative: %w", batch, contend.ErrInvalid)
@@ -551,8 +565,17 @@ func (s *Store) Expire(ctx context.Context, batch int) (removed int64, err error
 	if batch == 0 {
 		batch = 1000
 	}
+	if s.observer != nil && s.dialect == sqldb.MySQL {
+		batch = min(batch, maxKeysPerStatement)
+	}
 	for {
-		n, err := exec(ctx, s.db, s.expireSQL, batch)
+		var n int64
+		var err error
+		if s.observer == nil {
+			n, err = exec(ctx, s.db, s.expireSQL, batch)
+		} else {
+			n, err = s.expireReporting(ctx, batch)
+		}
 		removed += n
 		if err != nil {
 			return removed, fmt.Errorf("idempotency: expire (after %d removed): %w", removed, err)
@@ -561,4 +584,81 @@ func (s *Store) Expire(ctx context.Context, batch int) (removed int64, err error
 			return removed, nil
 		}
 	}
+}
+
+// maxKeysPerStatement bounds the keys a statement lists as parameters
+// (MySQL takes at most 65,535).
+const maxKeysPerStatement = 10_000
+
+// expiredRecord is a record Expire removed, as its event tells it.
+type expiredRecord struct {
+	key   string
+	fence int64
+}
+
+// expireReporting removes one batch and reports each record it removed,
+// once they are gone for good: on PostgreSQL the batch's DELETE returns
+// them; MySQL's DELETE cannot, so a batch there is a transaction that
+// locks the expired records with their keys read, then removes those.
+func (s *Store) expireReporting(ctx context.Context, batch int) (int64, error) {
+	var gone []expiredRecord
+	var err error
+	if s.dialect == sqldb.MySQL {
+		_, err = txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
+			var err error
+			gone, err = queryExpired(ctx, tx, s.expiredSQL, batch)
+			if err != nil || len(gone) == 0 {
+				return err
+			}
+			args := make([]any, len(gone))
+			for i, g := range gone {
+				args[i] = g.key
+			}
+			del := s.removeSQL + " (?" + strings.Repeat(", ?", len(gone)-1) + ")"
+			n, err := exec(ctx, tx, del, args...)
+			if err == nil && n != int64(len(gone)) {
+				err = fmt.Errorf("%d of %d locked records removed", n, len(gone))
+			}
+			return err
+		})
+	} else {
+		gone, err = queryExpired(ctx, s.db, s.expireSQL+" RETURNING "+s.keyFence, batch)
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, g := range gone {
+		s.observer.Observe(ctx, contend.Event{Kind: contend.EventExpired, Strategy: strategy, Key: g.key, Fence: g.fence})
+	}
+	return int64(len(gone)), nil
+}
+
+// queryExpired runs query, which returns the key and fence of expired
+// records, watched (see txn.Watch), and returns its rows.
+func queryExpired(ctx context.Context, q sqldb.Querier, query string, batch int) ([]expiredRecord, error) {
+	var got []expiredRecord
+	err := txn.Watch(ctx, q, func() error {
+		rows, err := q.Query(ctx, query, batch)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		var rs []expiredRecord
+		for rows.Next() {
+			var r expiredRecord
+			if err := rows.Scan(&r.key, &r.fence); err != nil {
+				return err
+			}
+			rs = append(rs, r)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		got = rs
+		return nil
+	})
+	if err != nil {
+		return nil, preferCtx(ctx, err)
+	}
+	return got, nil
 }
