@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +29,11 @@ import (
 //     before its fn runs.
 //   - BenchmarkReplay: a key with a stored answer; raw is the primary-key
 //     SELECT of the answer, which is what the store sends.
+//
+// The retry storm (each request sent three times, beside a hand-written
+// check-then-insert and a unique-index insert, the invariant checked per
+// cell) is a workload of the suite: go run ./examples/bench -workloads
+// retry-storm.
 
 func benchEnv(b *testing.B) *env {
 	url := testserver.Postgres(b) + "&synchronous_commit=off"
@@ -156,98 +160,3 @@ func BenchmarkReplay(b *testing.B) {
 		})
 	}
 }
-
-// BenchmarkRetryStorm sends each request three times, two of them at once
-// and the third after them (a double click, then a client's retry), and
-// checks the invariant after each cell: one effect per request. Beside the
-// store: check-then-insert by hand (the negative control: its duplicates
-// are reported, not failed) and a unique-constraint insert by hand (one
-// effect; its duplicates read the first one's answer back).
-func BenchmarkRetryStorm(b *testing.B) {
-	type sender func(ctx context.Context, e *env, key string) ([]byte, error)
-	impls := []struct {
-		name     string
-		send     func(b *testing.B, e *env) sender
-		mayDupes bool
-	}{
-		{"idempotency", func(b *testing.B, e *env) sender {
-			s := e.store(b, idempotency.Config{})
-			return func(ctx context.Context, e *env, key string) ([]byte, error) {
-				a, _, err := s.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
-					_, err := testserver.Querier(ctx, e.db).Exec(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", answerFor(key))
-					return []byte("a-" + key), err
-				})
-				return a, err
-			}
-		}, false},
-		{"check-then-insert", func(*testing.B, *env) sender {
-			return func(ctx context.Context, e *env, key string) ([]byte, error) {
-				var answer []byte
-				err := e.own.QueryRowContext(ctx, `SELECT answer FROM effects WHERE k = $1 LIMIT 1`, key).Scan(&answer)
-				if err == nil {
-					return answer, nil
-				}
-				_, err = e.own.ExecContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", answerFor(key))
-				return []byte("a-" + key), err
-			}
-		}, true},
-		{"unique-insert", func(b *testing.B, e *env) sender {
-			if _, err := e.own.Exec(`CREATE UNIQUE INDEX ON effects (k)`); err != nil {
-				b.Fatal(err)
-			}
-			return func(ctx context.Context, e *env, key string) ([]byte, error) {
-				var answer []byte
-				err := e.own.QueryRowContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)
-					ON CONFLICT (k) DO NOTHING RETURNING answer`, key, "fp", answerFor(key)).Scan(&answer)
-				if err == nil {
-					return answer, nil
-				}
-				err = e.own.QueryRowContext(ctx, `SELECT answer FROM effects WHERE k = $1`, key).Scan(&answer)
-				return answer, err
-			}
-		}, false},
-	}
-	for _, im := range impls {
-		for _, workers := range []int{1, 8, 64} {
-			b.Run(fmt.Sprintf("%s/workers=%d", im.name, workers), func(b *testing.B) {
-				e := benchEnv(b)
-				send := im.send(b, e)
-				var split atomic.Int64 // requests whose three answers differ
-				parallel(b, workers, func(ctx context.Context, i int64) error {
-					key := fmt.Sprint(i)
-					var answers [3][]byte
-					var errs [3]error
-					var wg sync.WaitGroup
-					for j := range 2 {
-						wg.Go(func() { answers[j], errs[j] = send(ctx, e, key) })
-					}
-					wg.Wait()
-					answers[2], errs[2] = send(ctx, e, key)
-					for j := range answers {
-						if errs[j] != nil {
-							return errs[j]
-						}
-						if string(answers[j]) != string(answers[0]) {
-							split.Add(1)
-						}
-					}
-					return nil
-				})
-				b.StopTimer()
-				var dupes int
-				if err := e.own.Get(&dupes, `SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM effects GROUP BY k) c`); err != nil {
-					b.Fatal(err)
-				}
-				b.ReportMetric(float64(dupes)/float64(b.N), "dupes/op")
-				b.ReportMetric(float64(split.Load())/float64(b.N), "split/op")
-				if (dupes > 0 || split.Load() > 0) && !im.mayDupes {
-					b.Fatalf("%d duplicate effects, %d requests answered differently", dupes, split.Load())
-				}
-			})
-		}
-	}
-}
-
-// answerFor is the answer of one execution of key's request: another for
-// each execution, so that a request run twice answers two ways.
-func answerFor(key string) string { return fmt.Sprintf("a-%s-%d", key, rand.Int64()) }

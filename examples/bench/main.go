@@ -22,6 +22,17 @@
 // (the locked transaction written by hand), pessimistic, pessimistic-noqueue,
 // optimistic-guard, adaptive and naive.
 //
+// The last, "retry-storm", is where a request is retried: each operation
+// is a request of its own, sent three times (two copies at once, the third
+// after them), whose effect is a row; exactly one per request, and every
+// copy answered alike, is its invariant. It runs on PostgreSQL, on the
+// spread key count only (its keys are its requests), from 8 workers and
+// more, under strategies of
+// its own: idempotency (idempotency.Store.Do around the effect's INSERT),
+// unique-insert (the INSERT under a unique index, by hand: its floor) and
+// check-then-insert (a SELECT, then the INSERT: its negative control, which
+// makes duplicates).
+//
 // The hot key's decrement (8 workers each) and mixed (64 each) run again
 // from -across processes at once (3 by default), the several instances of a
 // service sharing one database: there the naive control loses updates, and
