@@ -108,7 +108,7 @@ import (
 // Options is one run of the suite.
 type Options struct {
 	// Duration is how long each cell runs. Default: 800ms, so that the
-	// default grid takes about three and a half minutes (215 cells).
+	// default grid takes about three and a half minutes (221 cells).
 	Duration time.Duration
 	// Workers are the goroutine counts, per process. Default: 1, 8, 64.
 	Workers []int

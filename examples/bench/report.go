@@ -647,10 +647,10 @@ func stormSummary(rows []row) string {
 		if r.Workload != stormWorkload || r.Strategy != "idempotency" || r.Skipped != "" {
 			continue
 		}
-		line := fmt.Sprintf("- %s, %d worker(s) × %d process(es): idempotency at %s× unique-insert, p99 %s ms",
-			r.Workload, r.Workers, r.Processes, vsRaw(rows, r), ms(r.P99))
+		line := fmt.Sprintf("- %s, %d worker(s) × %d process(es): idempotency at %s× unique-insert",
+			r.Workload, r.Workers, r.Processes, vsRaw(rows, r))
 		if u, ok := sibling(rows, r, "unique-insert"); ok {
-			line += fmt.Sprintf(" against %s", ms(u.P99))
+			line += fmt.Sprintf(", p99 %s against %s ms", ms(r.P99), ms(u.P99))
 		}
 		if c, ok := sibling(rows, r, "check-then-insert"); ok {
 			verdict := "held this time"
