@@ -475,7 +475,11 @@ func TestRetryStorm(t *testing.T) {
 			}
 			require.Empty(t, r.Violation, r.name())
 			if r.Strategy == "idempotency" {
-				require.NotEqual(t, "-", vsRaw(rows, r), "beside unique-insert")
+				// Its ×raw is over unique-insert's (ops/s may be 0 on a
+				// loaded machine, when no request ended inside the window).
+				_, ok := sibling(rows, r, floor(r.Strategy))
+				require.True(t, ok, "%s: no unique-insert beside it", r.name())
+				require.Equal(t, "unique-insert", floor(r.Strategy))
 			}
 		}
 	}
