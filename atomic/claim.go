@@ -261,14 +261,13 @@ func postgresPlan(table, key, owner, lease string) plan {
 		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1 AND %s IS NOT TRUE))`,
 		claimSQL, table, key, free)
 	existsSQL := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`, table, key)
-	// The read of a hot key answers in its count too (readMissing,
-	// readFree, readHeld): the row, once if free and twice if held. It
-	// takes no lock, and waits for none: a claim being committed shows as
-	// free (the claim then waits for it and loses), a release being
-	// committed as held (true until it commits). The alias keeps the key
-	// from meeting a column of the series, whatever the names.
-	readSQL := fmt.Sprintf(`SELECT FROM %s AS claimed_row, generate_series(1, CASE WHEN %s THEN 1 ELSE 2 END) AS outcome `+
-		`WHERE claimed_row.%s = $1`, table, free, key)
+	// The read of a hot key answers in its count too (readHeld, readFree,
+	// readMissing): no row for its common answer, as the claim's for a
+	// win. It takes no lock, and waits for none: a claim being committed
+	// shows as free (the claim then waits for it and loses), a release
+	// being committed as held (true until it commits).
+	readSQL := fmt.Sprintf(`SELECT FROM generate_series(1, COALESCE((SELECT CASE WHEN %s THEN 1 ELSE 0 END FROM %s WHERE %s = $1), 2))`,
+		free, table, key)
 	return plan{claim: claimSQL, exists: existsSQL, read: readSQL, release: releaseSQL, extend: extendSQL, won: 0, unsure: 2}
 }
 
@@ -289,16 +288,16 @@ type plan struct {
 // prepared is a claimer's statements, prepared.
 type prepared struct {
 	claim   sqldb.Stmt // key, token [, lease µs] → 0 rows: claimed, 1: held, 2: no row
-	read    sqldb.Stmt // key → readMissing, readFree or readHeld
+	read    sqldb.Stmt // key → readHeld, readFree or readMissing
 	release sqldb.Stmt // key, token
 	extend  sqldb.Stmt // key, token, lease µs; nil without a lease column
 }
 
 // What the read of a hot key answers, as its count.
 const (
-	readMissing = 0 // no row
+	readHeld    = 0
 	readFree    = 1 // free, or its lease has passed
-	readHeld    = 2
+	readMissing = 2 // no row
 )
 
 // prepare prepares p's statements on d, or closes what it prepared and

@@ -55,7 +55,7 @@ func mysqlPlan(table, key, owner, lease string) plan {
 	// or not. Outside a transaction, the only place it runs, it is a
 	// consistent read of the latest committed row: it takes no lock and
 	// waits for none, where every losing UPDATE locks the row in turn.
-	readSQL := fmt.Sprintf("SELECT COUNT(*) + COALESCE(SUM((%s) IS NOT TRUE), 0) FROM %s WHERE %s = ?", free, table, key)
+	readSQL := fmt.Sprintf("SELECT 2 * (COUNT(*) = 0) + COALESCE(SUM((%s) IS TRUE), 0) FROM %s WHERE %s = ?", free, table, key)
 	// The release takes key, token: the order the claimer passes them in.
 	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, read: readSQL, readScans: true,
 		release: releaseSQL, extend: extendSQL,
