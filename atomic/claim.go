@@ -52,9 +52,10 @@ type ClaimerConfig struct {
 	// lease passes, or, without a lease column, until cleared. Default: 5s.
 	FinishTimeout time.Duration
 	// Observer, when set, hears what the claimer's claims do, as events of
-	// strategy "atomic" (Attempts is always 1: a claim is one statement):
+	// strategy "atomic" (Attempts is always 1: a claim is one try, never
+	// retried):
 	//   - Obtained when Claim, ClaimAs or Do makes a claim (Wait is how long
-	//     the statement took);
+	//     its statements took: one, or on a hot key the read and the claim);
 	//   - Conflict when the key was claimed already (Err is the error
 	//     returned);
 	//   - Released when Release or the end of Do clears the claim (Hold
@@ -93,6 +94,17 @@ const (
 // number of processes, exactly one succeeds, and no lock is held anywhere while
 // the winner works. Release empties the column only while it still holds the
 // releaser's token, so a late release never clears a newer claim.
+//
+// A key whose claims keep losing (about half of this Claimer's recent
+// claims of it, outside a transaction) is read before it is claimed: a
+// plain read that takes no lock and waits for none. When it finds the key
+// held, the claim fails with [contend.ErrConflict] at once, without the
+// write (the key was held as the read ran, which is all a lost race says
+// either); when it finds no row, with [contend.ErrNotFound]; when it finds
+// the key free, the claim is made as on any key, and a winner pays two round
+// trips instead of one. A key claimed by one caller at a time never turns
+// hot, however often it is claimed. Which keys are hot is remembered per
+// Claimer, in memory bounded whatever the keys (a few tens of kilobytes).
 //
 // A claim lasts until released or, with a lease column, until its lease
 // passes. Without a lease a crashed holder's claim stays until cleared by

@@ -14,7 +14,7 @@ import (
 // lease µs) through an order of its own. There is no UPDATE ... RETURNING
 // to tell a win, a lost race and a missing row apart in one round trip, so
 // a claim that matched no row asks whether the row exists (only losers pay
-// it, in a statement of its own). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
+// it, in a statement of its own; on a hot key the read replaces both). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
 // server's clock, whatever each session's time_zone, read as each statement
 // begins (not as its transaction did, unlike PostgreSQL's now()).
 //
