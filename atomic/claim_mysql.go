@@ -52,10 +52,11 @@ func mysqlPlan(table, key, owner, lease string) plan {
 	lockedExistsSQL := fmt.Sprintf("SELECT COUNT(*) > 0 FROM %s WHERE %s = ? LOCK IN SHARE MODE", table, key)
 	// The read of a hot key (see postgresPlan) answers in a value, the
 	// same numbers: an aggregate has its one row whether the key's is there
-	// or not. Outside a transaction, the only place it runs, it is a
+	// or not, and an integer, not SUM's decimal, scans without a parse. Outside a transaction, the only place it runs, it is a
 	// consistent read of the latest committed row: it takes no lock and
 	// waits for none, where every losing UPDATE locks the row in turn.
-	readSQL := fmt.Sprintf("SELECT 2 * (COUNT(*) = 0) + COALESCE(SUM((%s) IS TRUE), 0) FROM %s WHERE %s = ?", free, table, key)
+	readSQL := fmt.Sprintf("SELECT CAST(2 * (COUNT(*) = 0) + COALESCE(SUM((%s) IS TRUE), 0) AS SIGNED) FROM %s WHERE %s = ?",
+		free, table, key)
 	// The release takes key, token: the order the claimer passes them in.
 	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, read: readSQL, readScans: true,
 		release: releaseSQL, extend: extendSQL,

@@ -93,93 +93,114 @@ func setOwner(t *testing.T, db *sqlx.DB, key string, owner *string) {
 func TestClaimerReadsAHotKeyFirst(t *testing.T) {
 	t.Parallel()
 	for _, driver := range readFirstDrivers {
-		t.Run(driver, func(t *testing.T) {
-			t.Parallel()
-			spread := make([]string, 50)
-			for i := range spread {
-				spread[i] = "k" + strconv.Itoa(i)
-			}
-			h, db, _ := readFirstSetup(t, driver, append([]string{"hot", "gone"}, spread...)...)
-			c := claimer(t, h, plain)
-			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-			defer cancel()
-			other := "other-instance"
+		for name, cfg := range map[string]atomic.ClaimerConfig{"plain": plain, "leased": longLeased} {
+			t.Run(driver+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				readsAHotKeyFirst(t, driver, cfg)
+			})
+		}
+	}
+}
 
-			// Spread keys: 8 goroutines claim and release at random. Some
-			// claims lose, few on any one key.
-			errs := make(chan error, 8)
-			var wg sync.WaitGroup
-			for range 8 {
-				wg.Go(func() {
-					for range 40 {
-						key := spread[rand.IntN(len(spread))]
-						tok, err := c.Claim(ctx, key)
-						if errors.Is(err, contend.ErrConflict) {
-							continue
-						}
-						if err == nil {
-							_, err = c.Release(ctx, key, tok)
-						}
-						if err != nil {
-							errs <- err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+func readsAHotKeyFirst(t *testing.T, driver string, cfg atomic.ClaimerConfig) {
+	spread := make([]string, 50)
+	for i := range spread {
+		spread[i] = "k" + strconv.Itoa(i)
+	}
+	h, db, _ := readFirstSetup(t, driver, append([]string{"hot", "gone"}, spread...)...)
+	c := claimer(t, h, cfg)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	other := "other-instance"
 
-			// The hot key (and the one about to go) lose every claim: held
-			// by another instance.
-			setOwner(t, db, "hot", &other)
-			setOwner(t, db, "gone", &other)
-			for range 64 {
-				for _, key := range []string{"hot", "gone"} {
-					require.ErrorIs(t, c.ClaimAs(ctx, key, "mine"), contend.ErrConflict)
+	// Spread keys: 8 goroutines claim and release at random. Some
+	// claims lose, few on any one key.
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 40 {
+				key := spread[rand.IntN(len(spread))]
+				tok, err := c.Claim(ctx, key)
+				if errors.Is(err, contend.ErrConflict) {
+					continue
+				}
+				if err == nil {
+					_, err = c.Release(ctx, key, tok)
+				}
+				if err != nil {
+					errs <- err
+					return
 				}
 			}
-
-			t.Run("hot key held: ErrConflict without waiting", func(t *testing.T) {
-				tx, _ := blockWrites(t, ctx, driver, db, "hot")
-				claimCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				defer cancel()
-				began := time.Now()
-				err := c.ClaimAs(claimCtx, "hot", "mine")
-				require.ErrorIs(t, err, contend.ErrConflict, "after %v", time.Since(began))
-				require.NoError(t, tx.Rollback())
-			})
-			t.Run("hot key gone: ErrNotFound", func(t *testing.T) {
-				_, err := db.Exec(db.Rebind("DELETE FROM bots WHERE id = ?"), "gone")
-				require.NoError(t, err)
-				require.ErrorIs(t, c.ClaimAs(ctx, "gone", "mine"), contend.ErrNotFound)
-			})
-			t.Run("hot key free: claimed", func(t *testing.T) {
-				setOwner(t, db, "hot", nil)
-				require.NoError(t, c.ClaimAs(ctx, "hot", "mine"))
-				released, err := c.Release(ctx, "hot", "mine")
-				require.NoError(t, err)
-				require.True(t, released)
-			})
-			t.Run("spread key held: the claim's UPDATE waits", func(t *testing.T) {
-				key := spread[0]
-				setOwner(t, db, key, &other)
-				tx, waiting := blockWrites(t, ctx, driver, db, key)
-				claimed := make(chan error, 1)
-				go func() { claimed <- c.ClaimAs(ctx, key, "mine") }()
-				if !assert.Eventually(t, waiting, 15*time.Second, 10*time.Millisecond, "the claim of a spread key did not wait: it did not write") {
-					_ = tx.Rollback()
-					<-claimed
-					t.FailNow()
-				}
-				require.NoError(t, tx.Rollback())
-				require.ErrorIs(t, <-claimed, contend.ErrConflict)
-			})
 		})
 	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	// The hot key (and the one about to go) lose every claim: held
+	// by another instance.
+	setOwner(t, db, "hot", &other)
+	setOwner(t, db, "gone", &other)
+	for range 64 {
+		for _, key := range []string{"hot", "gone"} {
+			require.ErrorIs(t, c.ClaimAs(ctx, key, "mine"), contend.ErrConflict)
+		}
+	}
+
+	t.Run("hot key held: ErrConflict without waiting", func(t *testing.T) {
+		tx, _ := blockWrites(t, ctx, driver, db, "hot")
+		claimCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		began := time.Now()
+		err := c.ClaimAs(claimCtx, "hot", "mine")
+		require.ErrorIs(t, err, contend.ErrConflict, "after %v", time.Since(began))
+		require.NoError(t, tx.Rollback())
+	})
+	t.Run("hot key gone: ErrNotFound", func(t *testing.T) {
+		_, err := db.Exec(db.Rebind("DELETE FROM bots WHERE id = ?"), "gone")
+		require.NoError(t, err)
+		require.ErrorIs(t, c.ClaimAs(ctx, "gone", "mine"), contend.ErrNotFound)
+	})
+	if cfg.LeaseColumn != "" {
+		t.Run("hot key whose lease passed: taken over", func(t *testing.T) {
+			passed := "UPDATE bots SET lease_until = now() - interval '1 hour' WHERE id = 'hot'"
+			if driver == testserver.MariaDBDriver {
+				passed = "UPDATE bots SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE id = 'hot'"
+			}
+			_, err := db.Exec(passed)
+			require.NoError(t, err)
+			require.NoError(t, c.ClaimAs(ctx, "hot", "mine"))
+			released, err := c.Release(ctx, "hot", "mine")
+			require.NoError(t, err)
+			require.True(t, released)
+			setOwner(t, db, "hot", &other)
+		})
+	}
+	t.Run("hot key free: claimed", func(t *testing.T) {
+		setOwner(t, db, "hot", nil)
+		require.NoError(t, c.ClaimAs(ctx, "hot", "mine"))
+		released, err := c.Release(ctx, "hot", "mine")
+		require.NoError(t, err)
+		require.True(t, released)
+	})
+	t.Run("spread key held: the claim's UPDATE waits", func(t *testing.T) {
+		key := spread[0]
+		setOwner(t, db, key, &other)
+		tx, waiting := blockWrites(t, ctx, driver, db, key)
+		claimed := make(chan error, 1)
+		go func() { claimed <- c.ClaimAs(ctx, key, "mine") }()
+		if !assert.Eventually(t, waiting, 15*time.Second, 10*time.Millisecond, "the claim of a spread key did not wait: it did not write") {
+			_ = tx.Rollback()
+			<-claimed
+			t.FailNow()
+		}
+		require.NoError(t, tx.Rollback())
+		require.ErrorIs(t, <-claimed, contend.ErrConflict)
+	})
 }
 
 // Two instances (claimers on pools of their own), 16 goroutines each, claim
