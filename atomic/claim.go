@@ -534,9 +534,12 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 	}
 	if losses != nil && losses.Hot(key) {
 		// Most claims of this key lose: a plain read tells a loser so
-		// without the claim's write, its probe, or a wait for the row lock
-		// of a claim or release being committed. A held key was held as
-		// the read ran, which is all a lost claim says either.
+		// without the claim's write and its probe and, on MySQL, without
+		// the row lock every UPDATE there takes, a loser's too, in turn.
+		// (On PostgreSQL a losing UPDATE waits only for a claim being
+		// committed, which the read sees free: the claim then waits as
+		// before.) A held key was held as the read ran, which is all a
+		// lost claim says either.
 		switch n, err := c.exec(ctx, nil, st.read, 1, key, ""); {
 		case err != nil:
 			return fmt.Errorf("atomic: claim %q: %w", key, err)
