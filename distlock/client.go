@@ -156,16 +156,13 @@ func (c *Client) Close(ctx context.Context) error {
 		close(c.closing)
 	}
 	s := c.sub.Load()
-	var ps *redis.PubSub
-	if s != nil {
-		ps = s.ps
-	}
 	c.mu.Unlock()
-	if ps != nil {
-		// Unblocks the subscription's pending read.
-		_ = ps.Close()
-	}
 	if s != nil {
+		// s.ps was set under mu, and no later one will be (subscribe
+		// finds the client closed).
+		if s.ps != nil {
+			_ = s.ps.Close() // unblocks the subscription's pending read
+		}
 		select {
 		case <-s.done:
 		case <-ctx.Done():
@@ -206,12 +203,21 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 		}
 	}
 	l, err := c.try(ctx, key, keys, w, false)
-	if l == nil && err == nil && wait {
-		return c.wait(ctx, key, keys, w, true, 1)
-	}
 	switch {
 	case err != nil:
-		return nil, c.takeFailed(ctx, key, keys, w, wait, err)
+		// The script may have run and only the reply been lost: let go of
+		// whatever it may have taken rather than leave it for the TTL.
+		c.depart(ctx, key, keys, w)
+		if cause := ctxerr.Of(ctx); wait && cause != nil {
+			// Obtain's ctx ended before it had the lock: a wait cut short,
+			// whether or not it had begun.
+			err = fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
+			reportMiss(ctx, c.observer, contend.EventGaveUp, key, time.Time{}, 1, err)
+			return nil, err
+		}
+		return nil, fmt.Errorf("distlock: obtain %q: %w", key, err)
+	case l == nil && wait:
+		return c.wait(ctx, key, keys, w, true, 1)
 	case l == nil:
 		err := fmt.Errorf("distlock: obtain %q: %w", key, contend.ErrConflict)
 		reportMiss(ctx, c.observer, contend.EventConflict, key, time.Time{}, 1, err)
@@ -221,22 +227,6 @@ func (c *Client) obtain(ctx context.Context, key string, ttl time.Duration, wait
 	// The take's attempt began when the call did, give or take the checks.
 	l.reportObtained(ctx, l.ValidUntil().Add(-(ttl - c.margin(ttl))), 1)
 	return l, nil
-}
-
-// takeFailed cleans up after w's take, which failed with err, and returns
-// the error of the obtain (wait: an Obtain).
-func (c *Client) takeFailed(ctx context.Context, key string, keys []string, w *waiter, wait bool, err error) error {
-	// The script may have run and only the reply been lost: let go of
-	// whatever it may have taken rather than leave it for the TTL.
-	c.depart(ctx, key, keys, w)
-	if cause := ctxerr.Of(ctx); wait && cause != nil {
-		// Obtain's ctx ended before it had the lock: a wait cut short,
-		// whether or not it had begun.
-		err := fmt.Errorf("distlock: obtain %q: gave up: %w (%w)", key, contend.ErrConflict, cause)
-		reportMiss(ctx, c.observer, contend.EventGaveUp, key, time.Time{}, 1, err)
-		return err
-	}
-	return fmt.Errorf("distlock: obtain %q: %w", key, err)
 }
 
 // try makes one attempt for w, whose last call it is, and returns the lock

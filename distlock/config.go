@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/contend/contend"
+	"github.com/contend/contend/internal/ctxerr"
 )
 
 // Config configures a [Client]. The zero value is ready to use: every field
@@ -107,18 +109,19 @@ func (rc *releaseClock) context(ctx context.Context) context.Context {
 		rc.at = at
 		rc.tick, rc.stop = context.WithDeadline(context.Background(), at)
 	}
-	return releaseContext{Context: rc.tick, values: context.WithoutCancel(ctx)}
+	return releaseContext{Context: rc.tick, values: ctx}
 }
 
 // A releaseContext is a tick's deadline, on a caller's values.
 type releaseContext struct {
 	context.Context                 // the tick's: Deadline, Done and Err
-	values          context.Context // the caller's ctx without its cancellation
+	values          context.Context // the caller's ctx, asked for its values only
 }
 
 // Value looks in the tick first, which has no values but its cancellation
 // (found by context.Cause, and by the contexts derived from this one, which
-// it then ends without a goroutine each), then in the caller's ctx.
+// it then ends without a goroutine each), then in the caller's ctx: the
+// tick answers for the cancellation, so the caller's is never seen.
 func (c releaseContext) Value(key any) any {
 	if v := c.Context.Value(key); v != nil {
 		return v
@@ -140,12 +143,8 @@ func (cfg Config) withDefaults() (Config, error) {
 	if err != nil {
 		return cfg, err
 	}
-	if cfg.Recheck == 0 {
-		cfg.Recheck = defaultRecheck
-	}
-	if cfg.GrantLease == 0 {
-		cfg.GrantLease = 2 * cfg.Recheck
-	}
+	cfg.Recheck = cmp.Or(cfg.Recheck, defaultRecheck)
+	cfg.GrantLease = cmp.Or(cfg.GrantLease, 2*cfg.Recheck)
 	for name, d := range map[string]time.Duration{"Recheck": cfg.Recheck, "GrantLease": cfg.GrantLease} {
 		if d < time.Millisecond {
 			return cfg, fmt.Errorf("distlock: Config.%s %v is below 1ms: %w", name, d, contend.ErrInvalid)
@@ -171,22 +170,13 @@ func common(what string, prefix *string, ttl, maxWait *time.Duration, others map
 			return fmt.Errorf("distlock: %s.%s %v is negative or above MaxDuration: %w", what, name, d, contend.ErrInvalid)
 		}
 	}
-	if *prefix == "" {
-		*prefix = defaultPrefix
+	*prefix, *ttl, *maxWait = cmp.Or(*prefix, defaultPrefix), cmp.Or(*ttl, defaultTTL), cmp.Or(*maxWait, defaultMaxWait)
+	if strings.ContainsAny(*prefix, "{}") {
+		// A '{' there would make the prefix, not the key, the hash tag of
+		// every lock, and put them all on one Cluster slot.
+		return fmt.Errorf("distlock: %s.Prefix %q: a prefix may not contain '{' or '}', which would put every lock on one Cluster slot: %w", what, *prefix, contend.ErrInvalid)
 	}
-	if err := checkPrefix(what+".Prefix", *prefix); err != nil {
-		return err
-	}
-	if *ttl == 0 {
-		*ttl = defaultTTL
-	}
-	if err := checkTTL(what+".TTL", *ttl); err != nil {
-		return err
-	}
-	if *maxWait == 0 {
-		*maxWait = defaultMaxWait
-	}
-	return nil
+	return checkTTL(what+".TTL", *ttl)
 }
 
 func checkTTL(what string, ttl time.Duration) error {
@@ -196,27 +186,25 @@ func checkTTL(what string, ttl time.Duration) error {
 	return nil
 }
 
-// checkKey refuses an empty key, and one with a '}': the lock's keys are
-// Prefix + "{" + key + "}" and suffixes, and Redis Cluster hashes only what
-// lies between the first '{' and the first '}' after it. A '}' in key would
-// end that early: a key that starts with one leaves the tag empty and the
-// lock's keys on different slots, where no script can touch them together.
-func checkKey(op, key string) error {
-	if key == "" {
-		return fmt.Errorf("distlock: %s: empty key: %w", op, contend.ErrInvalid)
+// checkObtain checks an obtain's arguments and ctx, and returns ttl in
+// whole milliseconds, as Redis counts. It refuses an empty key, and one
+// with a '}': the lock's keys are Prefix + "{" + key + "}" and suffixes,
+// and Redis Cluster hashes only what lies between the first '{' and the
+// first '}' after it. A '}' in key would end that early: a key that starts
+// with one leaves the tag empty and the lock's keys on different slots,
+// where no script can touch them together.
+func checkObtain(ctx context.Context, key string, ttl time.Duration) (time.Duration, error) {
+	switch {
+	case key == "":
+		return 0, fmt.Errorf("distlock: obtain: empty key: %w", contend.ErrInvalid)
+	case strings.ContainsRune(key, '}'):
+		return 0, fmt.Errorf("distlock: obtain %q: a key may not contain '}', which ends its Cluster hash tag: %w", key, contend.ErrInvalid)
 	}
-	if strings.ContainsRune(key, '}') {
-		return fmt.Errorf("distlock: %s %q: a key may not contain '}', which ends its Cluster hash tag: %w", op, key, contend.ErrInvalid)
+	if err := checkTTL("ttl", ttl); err != nil {
+		return 0, err
 	}
-	return nil
-}
-
-// checkPrefix refuses a prefix with a brace: a '{' there would make the
-// prefix, not the key, the hash tag of every lock, and put them all on one
-// Cluster slot.
-func checkPrefix(what, prefix string) error {
-	if strings.ContainsAny(prefix, "{}") {
-		return fmt.Errorf("distlock: %s %q: a prefix may not contain '{' or '}', which would put every lock on one Cluster slot: %w", what, prefix, contend.ErrInvalid)
+	if err := ctxerr.Of(ctx); err != nil {
+		return 0, fmt.Errorf("distlock: obtain %q: %w", key, err)
 	}
-	return nil
+	return ttl.Truncate(time.Millisecond), nil
 }

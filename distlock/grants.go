@@ -141,87 +141,60 @@ func (c *Client) subscribe(s *subscriber) bool {
 	return true
 }
 
-// listen receives the subscription's messages until the client closes. It
-// returns only once Close has begun, which closes the subscription it finds;
-// one made later is closed by subscribe. listen is the only writer of s.ps,
-// and reads it without the client's mu.
+// listen receives the subscription's messages until the client closes: a
+// confirmation, after which a resubscription wakes every waiter to check
+// (messages published while it was down are lost), or a release's message
+// for a waiter. It returns only once Close has begun, which closes the
+// subscription it finds; one made later is closed by subscribe. listen is
+// the only writer of s.ps, and reads it without the client's mu.
 func (c *Client) listen(s *subscriber) {
 	defer close(s.done)
-	if !c.subscribe(s) {
-		return
-	}
-	var st listenState
-	for {
-		msg, err := s.ps.ReceiveTimeout(context.Background(), healthInterval)
-		select {
-		case <-c.closing:
-			return
-		default:
-		}
-		if err == nil {
-			st.pinged = false
-			c.received(s, &st, msg)
-			continue
-		}
-		if isTimeout(err) && !st.pinged {
-			// Silence is normal; a ping tells it from a dead connection.
-			if st.pinged = s.ps.Ping(context.Background()) == nil; st.pinged {
-				continue
+	retry := contend.Retry{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
+	subscribed, pinged, failures := false, false, 0 // failures: subscriptions failed in a row
+	for c.subscribe(s) {
+		for {
+			msg, err := s.ps.ReceiveTimeout(context.Background(), healthInterval)
+			if c.closed.Load() {
+				return
+			}
+			if err != nil {
+				// Silence is normal; a ping tells it from a dead connection.
+				if pinged = !pinged && isTimeout(err) && s.ps.Ping(context.Background()) == nil; pinged {
+					continue
+				}
+				break
+			}
+			pinged = false
+			switch m := msg.(type) {
+			case *redis.Subscription:
+				if m.Kind == "subscribe" {
+					failures = 0
+					s.healthy.Store(true)
+					s.settle()
+					if subscribed {
+						c.wakeAll()
+					}
+					subscribed = true
+				}
+			case *redis.Message:
+				c.wakePublished(m.Payload)
 			}
 		}
-		if !c.resubscribe(s, &st) {
-			return
-		}
-	}
-}
-
-// listenState is what listen keeps between messages.
-type listenState struct {
-	subscribed bool // once: later confirmations are resubscriptions
-	pinged     bool // a ping is waiting for its answer
-	failures   int  // subscriptions failed in a row
-}
-
-// received handles a message of the subscription: a confirmation, after
-// which a resubscription wakes every waiter to check (messages published
-// while it was down are lost), or a release's message for a waiter.
-func (c *Client) received(s *subscriber, st *listenState, msg any) {
-	switch m := msg.(type) {
-	case *redis.Subscription:
-		if m.Kind != "subscribe" {
-			return
-		}
-		st.failures = 0
-		s.healthy.Store(true)
+		// The connection is gone (Redis restarted, a network failure) or
+		// does not answer: a new one after a backoff, while waiters check
+		// on their own.
+		s.healthy.Store(false)
 		s.settle()
-		if st.subscribed {
-			c.wakeAll()
+		failures++
+		t := time.NewTimer(retry.Delay(failures))
+		select {
+		case <-c.closing:
+			t.Stop()
+			return
+		case <-t.C:
 		}
-		st.subscribed = true
-	case *redis.Message:
-		c.wakePublished(m.Payload)
+		_ = s.ps.Close()
 	}
-}
-
-// resubscribe replaces a subscription whose connection is gone (Redis
-// restarted, a network failure) or does not answer, after a backoff:
-// meanwhile waiters check on their own. It reports false when the client
-// is closing.
-func (c *Client) resubscribe(s *subscriber, st *listenState) bool {
-	s.healthy.Store(false)
-	s.settle()
-	st.pinged = false
-	st.failures++
-	retry := contend.Retry{BaseDelay: 10 * time.Millisecond, MaxDelay: time.Second}
-	t := time.NewTimer(retry.Delay(st.failures))
-	defer t.Stop()
-	select {
-	case <-c.closing:
-		return false
-	case <-t.C:
-	}
-	_ = s.ps.Close()
-	return c.subscribe(s)
 }
 
 func isTimeout(err error) bool {

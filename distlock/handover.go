@@ -13,27 +13,6 @@ import (
 // client's turn by pass.lua without a look at Redis's queue, else by
 // release.lua.
 
-// act does what a step of key's line asks: wakes waiters, and gives up in
-// Redis, detached, what a departed waiter may have there, once after has
-// closed (nil: at once).
-func (c *Client) act(ctx context.Context, key string, keys []string, s step, after <-chan struct{}) {
-	handed := false
-	for _, u := range s.wakes {
-		wake(u.w, u.g)
-		handed = handed || u.g.fence > 0
-	}
-	for _, tok := range s.leave {
-		c.cleanUp(ctx, key, keys, tok, after)
-	}
-	if handed {
-		// Give the new holder this processor, as sync.Mutex's Unlock does
-		// in its starvation mode: on a hot key the hand-over is what every
-		// waiter waits for, and the woken goroutine would otherwise wait
-		// until this one blocks, or for another thread to steal it.
-		runtime.Gosched()
-	}
-}
-
 // grantLease is how long a release reserves the lock for a waiter for ttl
 // of another process, until the waiter's attempt turns it into a hold.
 func (c *Client) grantLease(ttl time.Duration) time.Duration { return min(c.cfg.GrantLease, ttl) }
@@ -63,38 +42,59 @@ func (c *Client) depart(ctx context.Context, key string, keys []string, w *waite
 	c.step(ctx, key, keys, w.ended, func(l *line) (step, bool) { return l.depart(w) })
 }
 
-// step runs event on key's line and acts on the step it returns, a
-// clean-up once after has closed.
+// step runs event on key's line and does what the step it returns asks:
+// wakes waiters, and gives up in Redis, detached, what a departed waiter
+// may have there, once after has closed (nil: at once).
 func (c *Client) step(ctx context.Context, key string, keys []string, after <-chan struct{}, event func(l *line) (step, bool)) {
 	var s step
 	c.onLine(key, func(l *line) { s, _ = event(l) })
-	c.act(ctx, key, keys, s, after)
+	handed := false
+	for _, u := range s.wakes {
+		wake(u.w, u.g)
+		handed = handed || u.g.fence > 0
+	}
+	for _, tok := range s.leave {
+		c.cleanUp(ctx, key, keys, tok, after)
+	}
+	if handed {
+		// Give the new holder this processor, as sync.Mutex's Unlock does
+		// in its starvation mode: on a hot key the hand-over is what every
+		// waiter waits for, and the woken goroutine would otherwise wait
+		// until this one blocks, or for another thread to steal it.
+		runtime.Gosched()
+	}
 }
 
 // runRelease lets tok go, the holder's lock of fence, or a waiter's place
 // or reservation (fence 0) when it gives up, taking along with it, and
 // returns what Redis says of tok's hold (the replies of release.lua).
+//
+// A hand-over to along in this client's turn is by pass.lua: the common
+// hand-over on a key this client's goroutines share, at the cost of a
+// take. It changes nothing when tok no longer holds the lock: then the
+// release script finds out what became of it, and what along should do.
 func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok string, fence int64, along *waiter, inTurn bool) (int64, error) {
+	began := time.Now()
 	if along != nil && inTurn && fence > 0 {
-		o, ended, err := c.pass(ctx, keys, tok, along)
-		if err != nil || o.next != "" {
-			c.endRelease(ctx, key, keys, tok, along, o, ended)
-			if err != nil {
-				return replyNotHeld, err
-			}
+		cmd, ended := c.calls.Start(ctx, passScript, keys[:2], tok, along.tok, ms(along.ttl))
+		next, err := cmd.Int64()
+		if err != nil {
+			c.endRelease(ctx, key, keys, tok, along, outcome{lost: true}, ended)
+			return replyNotHeld, err
+		}
+		if next > 0 {
+			c.endRelease(ctx, key, keys, tok, along, outcome{next: along.tok, fence: next, at: began, inTurn: true}, nil)
 			return replyReleased, nil
 		}
-		// tok no longer holds the lock: the release script finds out what
-		// became of it, and what along should do.
 	}
 	// release.lua's arguments: the token, its fence, whether it gives up,
 	// where to tell this client's waiters, their places' lease, and the
-	// waiter taken along, with its grant lease, TTL and turn.
-	argv := []any{tok, fence, flag(fence == 0), c.channel, ms(c.waiterLease())}
+	// waiter taken along, with its grant lease, TTL and turn (go-redis
+	// sends a bool as 1 or 0).
+	argv := []any{tok, fence, fence == 0, c.channel, ms(c.waiterLease())}
 	if along != nil {
-		argv = append(argv, along.tok, ms(c.grantLease(along.ttl)), ms(along.ttl), flag(inTurn))
+		argv = append(argv, along.tok, ms(c.grantLease(along.ttl)), ms(along.ttl), inTurn)
 	}
-	began := time.Now()
 	cmd, ended := c.calls.Start(ctx, releaseScript, keys, argv...)
 	res, err := cmd.Slice()
 	if err == nil && len(res) != 3 {
@@ -115,23 +115,6 @@ func (c *Client) runRelease(ctx context.Context, key string, keys []string, tok 
 	}
 	c.endRelease(ctx, key, keys, tok, along, o, nil)
 	return held, nil
-}
-
-// pass hands the lock from tok to along, its client's next waiter in its
-// turn, by the pass script: the common hand-over on a key this client's
-// goroutines share, at the cost of a take. Its outcome names no holder,
-// having changed nothing, when tok no longer holds the lock.
-func (c *Client) pass(ctx context.Context, keys []string, tok string, along *waiter) (outcome, <-chan struct{}, error) {
-	began := time.Now()
-	cmd, ended := c.calls.Start(ctx, passScript, keys[:2], tok, along.tok, ms(along.ttl))
-	fence, err := cmd.Int64()
-	switch {
-	case err != nil:
-		return outcome{lost: true}, ended, err
-	case fence == 0:
-		return outcome{}, nil, nil
-	}
-	return outcome{next: along.tok, fence: fence, at: began, inTurn: true}, nil, nil
 }
 
 // cleanUp runs tok's leave on a goroutine of the Client's, so that the

@@ -134,10 +134,15 @@ func (l *line) join(w *waiter, now time.Time) (wait, busy, ok bool) {
 		l.behind = append(l.behind, w)
 		return true, false, true
 	}
-	w.phase = asking
+	l.ask(w)
 	l.head = w
-	l.asked = append(l.asked, w)
 	return false, l.busy, true
+}
+
+// ask makes w ask Redis by itself.
+func (l *line) ask(w *waiter) {
+	w.phase = asking
+	l.asked = append(l.asked, w)
 }
 
 // obtained records that w's own attempt holds the lock, until until; fresh
@@ -165,12 +170,8 @@ func (l *line) obtained(w *waiter, until time.Time, fresh bool) bool {
 // queued records that w's attempt left it in Redis's queue. A release
 // here that handed w the lock after that attempt ran has the last word.
 func (l *line) queued(w *waiter) bool {
-	switch w.phase {
-	case holding:
-		return true
-	case asking:
-	default:
-		return false
+	if w.phase != asking {
+		return w.phase == holding
 	}
 	l.busy = true
 	if l.head == nil {
@@ -188,8 +189,7 @@ func (l *line) beginRelease(tok string) (along *waiter, inTurn bool) {
 		return nil, false
 	}
 	along = l.behind[0]
-	l.behind[0] = nil
-	l.behind = l.behind[1:]
+	l.behind = remove(l.behind, along)
 	along.phase = sent
 	l.along, l.by = along, tok
 	return along, l.turn > 0
@@ -203,14 +203,12 @@ func (l *line) endRelease(tok string, along *waiter, o outcome) (s step, ok bool
 	if along != nil && (along != l.along || l.by != tok) {
 		return s, false
 	}
-	if along != nil {
-		l.along, l.by = nil, ""
-	}
 	if h := l.head; h != nil && h.tok == tok {
 		l.head = nil
 		l.asked = remove(l.asked, h)
 	}
 	if along != nil {
+		l.along, l.by = nil, ""
 		l.settle(along, o, &s)
 	}
 	if o.next != "" && (along == nil || o.next != along.tok) {
@@ -236,22 +234,16 @@ func (l *line) settle(along *waiter, o outcome, s *step) {
 		// to another waiter: a release sent twice may have queued it the
 		// first time.
 		s.leave = append(s.leave, along.tok)
-	case o.lost:
-		along.phase = asking
-		l.asked = append(l.asked, along)
+	case o.lost || o.next != "" && o.next != along.tok:
+		// The reply was lost, or the lock went to another waiter here,
+		// from Redis's queue: a release sent twice may have queued along
+		// the first time, so it asks Redis where it stands.
+		l.ask(along)
 		s.wakes = append(s.wakes, wakeup{w: along})
 	case o.next == along.tok:
 		l.hold(along, o, s)
-	case o.next != "":
-		// The lock went to another waiter here, from Redis's queue; a
-		// release sent twice may have queued along the first time, so it
-		// asks Redis where it stands.
-		along.phase = asking
-		l.asked = append(l.asked, along)
-		s.wakes = append(s.wakes, wakeup{w: along})
 	default: // queued in Redis, behind another process's lock or waiter
-		along.phase = asking
-		l.asked = append(l.asked, along)
+		l.ask(along)
 		if l.head == nil {
 			l.head = along
 		}
@@ -318,24 +310,19 @@ func (l *line) depart(w *waiter) (s step, ok bool) {
 // whether it asks Redis now. A deferred waiter behind a live head stays;
 // else it asks, as the head if there is none.
 func (l *line) rejoin(w *waiter, now time.Time) (attempt, ok bool) {
-	switch w.phase {
-	case asking, holding:
+	switch {
+	case w.phase == asking || w.phase == holding:
 		// A waiter handed the lock that woke without its grant (a request
 		// to look took its place) finds its hold by an attempt.
 		return true, true
-	case sent:
-		// The release under way settles it.
-		return false, true
-	case deferred:
-	default:
+	case w.phase != deferred && w.phase != sent:
 		return false, false
-	}
-	if l.alive(now) {
+	case w.phase == sent || l.alive(now):
+		// The release under way settles it; or it stays behind its head.
 		return false, true
 	}
 	l.behind = remove(l.behind, w)
-	w.phase = asking
-	l.asked = append(l.asked, w)
+	l.ask(w)
 	l.head = w
 	return true, true
 }

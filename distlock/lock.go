@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,9 +139,7 @@ func (l *Lock) TTL(ctx context.Context) (time.Duration, error) {
 // already have been told it lost the lock. A Redis error is returned as it
 // is; the lock may still be held.
 func (l *Lock) Refresh(ctx context.Context, ttl time.Duration) error {
-	if ttl == 0 {
-		ttl = l.ttl
-	}
+	ttl = cmp.Or(ttl, l.ttl)
 	if err := checkTTL("ttl", ttl); err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package distlock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -109,12 +110,7 @@ func NewQuorum(nodes []redis.Scripter, cfg QuorumConfig) (*Quorum, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.NodeTimeout == 0 {
-		cfg.NodeTimeout = defaultNodeTimeout
-	}
-	if cfg.DriftFactor == 0 {
-		cfg.DriftFactor = defaultDriftFactor
-	}
+	cfg.NodeTimeout, cfg.DriftFactor = cmp.Or(cfg.NodeTimeout, defaultNodeTimeout), cmp.Or(cfg.DriftFactor, defaultDriftFactor)
 	if cfg.Backoff.MaxDelay <= 0 || cfg.Backoff.MaxDelay > 100*time.Millisecond {
 		cfg.Backoff.MaxDelay = 100 * time.Millisecond
 	}
@@ -225,11 +221,11 @@ func (q *Quorum) attempt(ctx context.Context, key string, ttl time.Duration) (*L
 // reports whether a majority said yes (a reply that yes accepts: held), or
 // enough said no that no majority can say yes (not held); else, too few
 // nodes answered, an error matching ErrNoQuorum, joined with the nodes'
-// errors, says what (what) reached how many. yes runs on the nodes'
-// goroutines at once. A node's call that its client does not end by the
-// timeout (go-redis ignores ctx deadlines by default) is left to finish on
-// the node's Sender, which Close waits for.
-func (q *Quorum) vote(ctx context.Context, what string, script *redis.Script, keys []string, args []any, yes func(reply int64) bool) (bool, error) {
+// errors, says what (what) reached how many. yes, given the node's index
+// and reply, runs on the nodes' goroutines at once. A node's call that its
+// client does not end by the timeout (go-redis ignores ctx deadlines by
+// default) is left to finish on the node's Sender, which Close waits for.
+func (q *Quorum) vote(ctx context.Context, what string, script *redis.Script, keys []string, args []any, yes func(node int, reply int64) bool) (bool, error) {
 	errs := make([]error, len(q.nodes))
 	var ayes, noes atomic.Int32
 	var wg sync.WaitGroup
@@ -245,7 +241,7 @@ func (q *Quorum) vote(ctx context.Context, what string, script *redis.Script, ke
 				errs[i] = fmt.Errorf("node %d answered after %v: %w", i, q.cfg.NodeTimeout, nctx.Err())
 			case err != nil:
 				errs[i] = fmt.Errorf("node %d: %w", i, err)
-			case yes(reply):
+			case yes(i, reply):
 				ayes.Add(1)
 			default:
 				noes.Add(1)
@@ -277,22 +273,14 @@ func (q *Quorum) release(ctx context.Context, l *Lock) (bool, error) {
 	// this release: sent again after a lost reply, it finds its own work.
 	// Nobody else deletes l's token, and it cannot have expired yet.
 	inTime := time.Now().Before(l.ValidUntil())
-	return q.vote(ctx, "release", quorumUnlockScript, l.keys, []any{l.token}, func(v int64) bool { return v == 1 || v == 2 && inTime })
+	return q.vote(ctx, "release", quorumUnlockScript, l.keys, []any{l.token}, func(_ int, v int64) bool { return v == 1 || v == 2 && inTime })
 }
 
 func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error) {
-	var (
-		mu   sync.Mutex // protects left
-		left []time.Duration
-	)
-	held, err := q.vote(ctx, "ttl", quorumPTTLScript, l.keys, []any{l.token}, func(v int64) bool {
-		if v == -3 {
-			return false
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		left = append(left, time.Duration(max(v, 0))*time.Millisecond)
-		return true
+	left := make([]time.Duration, len(q.nodes)) // 0 for a node that does not hold it
+	held, err := q.vote(ctx, "ttl", quorumPTTLScript, l.keys, []any{l.token}, func(node int, v int64) bool {
+		left[node] = time.Duration(max(v, 0)) * time.Millisecond
+		return v != -3
 	})
 	if !held {
 		return 0, false, err
@@ -303,4 +291,4 @@ func (q *Quorum) pttl(ctx context.Context, l *Lock) (time.Duration, bool, error)
 }
 
 // isOne is the yes of the lock and refresh scripts.
-func isOne(reply int64) bool { return reply == 1 }
+func isOne(_ int, reply int64) bool { return reply == 1 }

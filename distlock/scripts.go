@@ -61,10 +61,3 @@ const (
 )
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
-
-func flag(b bool) string {
-	if b {
-		return "1"
-	}
-	return "0"
-}

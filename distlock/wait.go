@@ -146,18 +146,3 @@ func gaveUp(ctx context.Context, o contend.Observer, key string, began time.Time
 	reportMiss(ctx, o, contend.EventGaveUp, key, began, attempts, err)
 	return err
 }
-
-// checkObtain checks an obtain's arguments and ctx, and returns ttl in
-// whole milliseconds, as Redis counts.
-func checkObtain(ctx context.Context, key string, ttl time.Duration) (time.Duration, error) {
-	if err := checkKey("obtain", key); err != nil {
-		return 0, err
-	}
-	if err := checkTTL("ttl", ttl); err != nil {
-		return 0, err
-	}
-	if err := ctxerr.Of(ctx); err != nil {
-		return 0, fmt.Errorf("distlock: obtain %q: %w", key, err)
-	}
-	return ttl.Truncate(time.Millisecond), nil
-}

@@ -153,11 +153,10 @@ func (s *Sender) Run(ctx context.Context, script *redis.Script, keys []string, a
 // client does, waits for it. A call whose ctx ended while it was queued for
 // a batch is not sent.
 func (s *Sender) Start(ctx context.Context, script *redis.Script, keys []string, args ...any) (*redis.Cmd, <-chan struct{}) {
-	cl := &call{ctx: ctx, script: script, keys: keys, args: args}
 	s.mu.Lock()
 	s.pending++
 	if s.sending >= s.limit {
-		cl.done = make(chan struct{})
+		cl := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 		s.queue = append(s.queue, cl)
 		s.mu.Unlock()
 		return cl.wait(), cl.done
@@ -166,23 +165,33 @@ func (s *Sender) Start(ctx context.Context, script *redis.Script, keys []string,
 	s.mu.Unlock()
 	if deadline, bounded := ctx.Deadline(); ctx.Done() == nil || s.inline && bounded {
 		// Nothing can cut the wait short, or the client ends it by ctx's
-		// deadline: send it on this goroutine.
-		s.send([]*call{cl})
-		if next := s.next(); next != nil {
+		// deadline: send it on this goroutine, with no call to allocate.
+		var cmd *redis.Cmd
+		if ctx.Err() == nil {
+			cmd = script.Run(ctx, s.rdb, keys, args...)
+			s.failedOver(cmd.Err())
+		} else {
+			cmd = abandoned(ctx)
+		}
+		s.mu.Lock()
+		s.pending--
+		next := s.nextLocked()
+		s.mu.Unlock()
+		if next != nil {
 			s.start(next)
 		}
-		if err := cl.cmd.Err(); err != nil && bounded && !time.Now().Before(deadline) {
+		if err := cmd.Err(); err != nil && bounded && !time.Now().Before(deadline) {
 			// The same error as a call abandoned when ctx ended. The
 			// socket's deadline may pass before ctx's timer has fired.
 			cause := context.Cause(ctx)
 			if cause == nil {
 				cause = context.DeadlineExceeded
 			}
-			cl.cmd.SetErr(fmt.Errorf("%w: %w (%w)", ErrAbandoned, cause, err))
+			cmd.SetErr(fmt.Errorf("%w: %w (%w)", ErrAbandoned, cause, err))
 		}
-		return cl.cmd, ended
+		return cmd, ended
 	}
-	cl.done = make(chan struct{})
+	cl := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	cl.alone[0] = cl
 	s.start(cl.alone[:])
 	return cl.wait(), cl.done
@@ -230,10 +239,15 @@ func (cl *call) wait() *redis.Cmd {
 	case <-cl.done:
 		return cl.cmd
 	case <-cl.ctx.Done():
-		cmd := redis.NewCmd(cl.ctx)
-		cmd.SetErr(fmt.Errorf("%w: %w", ErrAbandoned, context.Cause(cl.ctx)))
-		return cmd
+		return abandoned(cl.ctx)
 	}
+}
+
+// abandoned is the reply of a call given up when ctx ended.
+func abandoned(ctx context.Context) *redis.Cmd {
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(fmt.Errorf("%w: %w", ErrAbandoned, context.Cause(ctx)))
+	return cmd
 }
 
 // start hands batch to a goroutine of the Sender that waits for one, or to
@@ -266,7 +280,7 @@ func (s *Sender) worker(batch []*call) {
 	}
 }
 
-// nextOrWait is next for a worker, which, when no call queued, waits for
+// nextOrWait is nextLocked for a worker, which, when no call queued, waits for
 // the next batch (reporting wait), unless the Sender is closed: then it
 // ends. Both in one step, so that Close never finds a worker between the
 // two, neither busy nor waiting.
@@ -290,14 +304,8 @@ func (s *Sender) exit() {
 	}
 }
 
-// next takes the calls queued during a send, the next batch, or, when
-// there are none, ends the send and returns nil.
-func (s *Sender) next() []*call {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.nextLocked()
-}
-
+// nextLocked takes the calls queued during a send, the next batch, or,
+// when there are none, ends the send and returns nil.
 func (s *Sender) nextLocked() []*call {
 	batch := s.queue
 	s.queue = nil
@@ -316,8 +324,7 @@ func (s *Sender) send(batch []*call) {
 	live := batch[:0:0]
 	for _, cl := range batch {
 		if cl.ctx.Err() != nil {
-			cl.cmd = redis.NewCmd(cl.ctx)
-			cl.cmd.SetErr(fmt.Errorf("%w: %w", ErrAbandoned, context.Cause(cl.ctx)))
+			cl.cmd = abandoned(cl.ctx)
 			continue
 		}
 		live = append(live, cl)
@@ -333,7 +340,7 @@ func (s *Sender) send(batch []*call) {
 	}
 	s.answered(len(batch))
 	for _, cl := range batch {
-		cl.finish()
+		close(cl.done)
 	}
 }
 
@@ -372,10 +379,4 @@ func (s *Sender) answered(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pending -= n
-}
-
-func (cl *call) finish() {
-	if cl.done != nil {
-		close(cl.done)
-	}
 }
