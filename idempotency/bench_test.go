@@ -23,10 +23,12 @@ import (
 //     the bare transaction (BEGIN, fn's INSERT, COMMIT). raw-floor is the
 //     least a first call can send when a replay is one round trip and runs
 //     no fn: the replay read, then BEGIN, fn's INSERT, the record's
-//     INSERT, COMMIT. The store sends the replay read, BEGIN, the key's
-//     INSERT, fn's INSERT, the answer's UPDATE, COMMIT: one statement more
-//     than the floor, so that a duplicate in flight waits for the key
-//     before its fn runs.
+//     INSERT, COMMIT; but there a duplicate in flight runs its fn beside
+//     the first (its writes rolled back at its record's conflict).
+//     raw-exclusive is the floor of the store's own promise, that a
+//     duplicate in flight waits for the key before its fn runs: the replay
+//     read, BEGIN, the key's INSERT, fn's INSERT, the answer's UPDATE,
+//     COMMIT, which is what the store sends.
 //   - BenchmarkReplay: a key with a stored answer; raw is the primary-key
 //     SELECT of the answer, which is what the store sends.
 //
@@ -66,6 +68,19 @@ func parallel(b *testing.B, workers int, op func(ctx context.Context, i int64) e
 	wg.Wait()
 }
 
+// The floors' statements; each takes the key ($1), the fingerprint ($2),
+// the retention in microseconds ($3) and the answer ($4), and uses those it
+// needs.
+const (
+	recordSQL = `INSERT INTO idem (id, fingerprint, state, answer, fence, expires_at)
+		VALUES ($1, $2, 1, $4, 1, clock_timestamp() + $3::bigint * interval '1 microsecond') ON CONFLICT DO NOTHING`
+	takeSQL = `INSERT INTO idem (id, fingerprint, state, answer, fence, expires_at)
+		VALUES ($1, $2, 0, NULL, 1, clock_timestamp() + $3::bigint * interval '1 microsecond') ON CONFLICT DO NOTHING`
+	answerSQL = `UPDATE idem SET state = 1, answer = $4 WHERE id = $1 AND fingerprint = $2 AND $3::bigint > 0`
+)
+
+var retention = int64(24 * time.Hour / time.Microsecond)
+
 func BenchmarkFirstCall(b *testing.B) {
 	for _, workers := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("raw/workers=%d", workers), func(b *testing.B) {
@@ -82,33 +97,45 @@ func BenchmarkFirstCall(b *testing.B) {
 				return tx.Commit()
 			})
 		})
-		b.Run(fmt.Sprintf("raw-floor/workers=%d", workers), func(b *testing.B) {
-			e := benchEnv(b)
-			record := `INSERT INTO idem (id, fingerprint, state, answer, fence, expires_at)
-				VALUES ($1, $2, 1, $3, 1, clock_timestamp() + $4::bigint * interval '1 microsecond') ON CONFLICT DO NOTHING`
-			parallel(b, workers, func(ctx context.Context, i int64) error {
-				key := fmt.Sprint(i)
-				var answer []byte
-				switch err := e.own.QueryRowContext(ctx, `SELECT answer FROM idem WHERE id = $1`, key).Scan(&answer); {
-				case err == nil:
-					return fmt.Errorf("key %s has a record", key)
-				case !errors.Is(err, sql.ErrNoRows):
-					return err
-				}
-				tx, err := e.own.BeginTx(ctx, nil)
-				if err != nil {
-					return err
-				}
-				defer tx.Rollback()
-				if _, err := tx.ExecContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", "a"); err != nil {
-					return err
-				}
-				if _, err := tx.ExecContext(ctx, record, key, "fp", []byte("a"), int64(24*time.Hour/time.Microsecond)); err != nil {
-					return err
-				}
-				return tx.Commit()
+		for _, floor := range []struct {
+			name   string
+			before string // sent after BEGIN, before fn's statement
+			after  string // sent after fn's statement, before COMMIT
+		}{
+			{"raw-floor", "", recordSQL},
+			{"raw-exclusive", takeSQL, answerSQL},
+		} {
+			b.Run(fmt.Sprintf("%s/workers=%d", floor.name, workers), func(b *testing.B) {
+				e := benchEnv(b)
+				parallel(b, workers, func(ctx context.Context, i int64) error {
+					key := fmt.Sprint(i)
+					var answer []byte
+					switch err := e.own.QueryRowContext(ctx, `SELECT answer FROM idem WHERE id = $1`, key).Scan(&answer); {
+					case err == nil:
+						return fmt.Errorf("key %s has a record", key)
+					case !errors.Is(err, sql.ErrNoRows):
+						return err
+					}
+					tx, err := e.own.BeginTx(ctx, nil)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback()
+					if floor.before != "" {
+						if _, err := tx.ExecContext(ctx, floor.before, key, "fp", retention); err != nil {
+							return err
+						}
+					}
+					if _, err := tx.ExecContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", "a"); err != nil {
+						return err
+					}
+					if _, err := tx.ExecContext(ctx, floor.after, key, "fp", retention, []byte("a")); err != nil {
+						return err
+					}
+					return tx.Commit()
+				})
 			})
-		})
+		}
 		b.Run(fmt.Sprintf("idempotency/workers=%d", workers), func(b *testing.B) {
 			e := benchEnv(b)
 			s := e.store(b, idempotency.Config{})
