@@ -241,21 +241,26 @@ var errNotTaken = errors.New("idempotency: key taken")
 // expiry: it inserts the key's record, or, when an expired one is in the
 // way, takes that over. A duplicate in flight in another transaction makes
 // the insert wait until that transaction ends (or, under NoWait, fail with
-// [ErrInFlight]). When the key has a live record, take returns it and
-// taken is false.
-func (s *Store) take(ctx context.Context, tx sqldb.Tx, key, fingerprint string, expiry time.Duration) (rec *record, taken bool, err error) {
+// [ErrInFlight]). When the key has a live record, take returns it with
+// errNotTaken, which ends tx.
+func (s *Store) take(ctx context.Context, tx sqldb.Tx, key, fingerprint string, expiry time.Duration) (*record, error) {
 	restore, err := s.noWaitOn(ctx, tx)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	rec, taken, err = s.takeLoop(ctx, tx, key, fingerprint, expiry)
+	rec, taken, err := s.takeLoop(ctx, tx, key, fingerprint, expiry)
 	if rerr := restore(err); rerr != nil {
-		return nil, false, errors.Join(err, rerr)
+		return nil, errors.Join(err, rerr)
 	}
-	if err != nil && s.noWait && sqlerr.Is(err, sqlerr.LockNotAvailable) && context.Cause(ctx) == nil {
-		return nil, false, fmt.Errorf("idempotency: %q: %w (%w)", key, ErrInFlight, err)
+	switch {
+	case err != nil && s.noWait && sqlerr.Is(err, sqlerr.LockNotAvailable) && context.Cause(ctx) == nil:
+		return nil, fmt.Errorf("idempotency: %q: %w (%w)", key, ErrInFlight, err)
+	case err != nil:
+		return nil, err
+	case !taken:
+		return rec, errNotTaken
 	}
-	return rec, taken, err
+	return nil, nil
 }
 
 func (s *Store) takeLoop(ctx context.Context, tx sqldb.Tx, key, fingerprint string, expiry time.Duration) (*record, bool, error) {
@@ -428,13 +433,9 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 	)
 	attempts, err := txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
 		rec, out, final, fnErr = nil, nil, nil, nil
-		r, taken, err := s.take(ctx, tx, key, fingerprint, s.retention)
-		if err != nil {
+		var err error
+		if rec, err = s.take(ctx, tx, key, fingerprint, s.retention); err != nil {
 			return err
-		}
-		if !taken {
-			rec = r
-			return errNotTaken
 		}
 		rep.obtained(ctx, 0)
 		var savepoint string
@@ -511,13 +512,9 @@ func (s *Store) recordFailure(ctx context.Context, rep *report, key, fingerprint
 	msg := []byte(final.Error())
 	_, err := txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
 		rec = nil
-		r, taken, err := s.take(ctx, tx, key, fingerprint, s.retention)
-		if err != nil {
+		var err error
+		if rec, err = s.take(ctx, tx, key, fingerprint, s.retention); err != nil {
 			return err
-		}
-		if !taken {
-			rec = r
-			return errNotTaken
 		}
 		n, err := exec(ctx, tx, s.answerSQL, int64(stateFailed), msg, key)
 		if err == nil && n != 1 {
