@@ -234,9 +234,10 @@ func TestObtainSentTwiceIsOneLock(t *testing.T) {
 
 func obtainSentTwice(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
-	// A short read timeout so that go-redis gives up on the lost reply,
+	// A short read timeout (but one that a loaded machine's replies meet)
+	// so that go-redis gives up on the lost reply,
 	// and sends the script again, quickly; its retries are the default.
-	opts.ReadTimeout = 200 * time.Millisecond
+	opts.ReadTimeout = 500 * time.Millisecond
 	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix})
 	// With a deadline, on the fast path: go-redis's own timeout comes first.
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -263,7 +264,7 @@ func TestReleaseSentTwiceIsNotALoss(t *testing.T) {
 
 func releaseSentTwice(t *testing.T, opts redis.Options) {
 	rdb, prefix := testserver.Redis(t)
-	opts.ReadTimeout = 200 * time.Millisecond
+	opts.ReadTimeout = 500 * time.Millisecond
 	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix, NoWait: true})
 	ctx := t.Context()
 	warm(t, c)
