@@ -91,7 +91,8 @@ const (
 // reports EventObtained, then one of EventReleased and EventLost when it
 // lets go; a call that does not reports EventConflict or EventGaveUp.
 // EventRetry and EventFailed may come in between; EventDeadLettered ends a
-// queued job that failed every delivery.
+// queued job that failed every delivery. EventExpired belongs to no call: a
+// cleanup reports it for each record it removes.
 //
 // What each strategy reports:
 //
@@ -129,6 +130,12 @@ const (
 //	             error; GaveUp when the attempts run out or ctx ends;
 //	             Conflict when it ran once in a caller's transaction and
 //	             lost; Failed on other errors.
+//	idempotency  Obtained (Wait, Fence) when a call takes its key and runs
+//	             fn; Released (Hold, fn's final error) when its answer is
+//	             stored; Conflict (ErrReplayed) for a replay, with the wait
+//	             for a duplicate in flight; Failed for a key used by another
+//	             request; Lost when an external call's answer is fenced
+//	             out; Expired (Fence) for each record Expire removes.
 type EventKind uint8
 
 // The kinds of [Event].
@@ -163,6 +170,11 @@ const (
 	// EventDeadLettered: a queued job failed its last delivery and went to
 	// the dead letters (Err is its last error).
 	EventDeadLettered
+	// EventExpired: a cleanup removed a record whose time was up (an
+	// idempotency key past its retention, or an external call's past its
+	// lease): the key's next call starts afresh. Fence is the fencing token
+	// of the call that took the key last.
+	EventExpired
 )
 
 var eventKinds = [...]string{
@@ -174,10 +186,11 @@ var eventKinds = [...]string{
 	EventLost:         "lost",
 	EventFailed:       "failed",
 	EventDeadLettered: "dead-lettered",
+	EventExpired:      "expired",
 }
 
 // String returns the kind's name: "obtained", "conflict", "retry",
-// "gave-up", "released", "lost", "failed" or "dead-lettered".
+// "gave-up", "released", "lost", "failed", "dead-lettered" or "expired".
 func (k EventKind) String() string {
 	if int(k) < len(eventKinds) && eventKinds[k] != "" {
 		return eventKinds[k]

@@ -26,6 +26,7 @@ func TestEventKindNames(t *testing.T) {
 		contend.EventLost:         "lost",
 		contend.EventFailed:       "failed",
 		contend.EventDeadLettered: "dead-lettered",
+		contend.EventExpired:      "expired",
 		0:                         "EventKind(0)",
 		200:                       "EventKind(200)",
 	}

@@ -68,6 +68,7 @@ func BenchmarkClaimReleaseOnMariaDB(b *testing.B) {
 	)
 	byHand := func(probe bool) func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
 		return func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
+			wins.Store(0)
 			claim, exists, release := prepare(b, h.DB, claimSQL), prepare(b, h.DB, existsSQL), prepare(b, h.DB, releaseSQL)
 			return func(ctx context.Context, key string) error {
 				token := strconv.FormatUint(rand.Uint64(), 16)
@@ -78,6 +79,7 @@ func BenchmarkClaimReleaseOnMariaDB(b *testing.B) {
 				if n, err := res.RowsAffected(); err != nil {
 					return err
 				} else if n == 1 {
+					wins.Add(1)
 					_, err = release.ExecContext(ctx, key, token)
 					return err
 				}
@@ -92,10 +94,11 @@ func BenchmarkClaimReleaseOnMariaDB(b *testing.B) {
 	workload.OnMariaDB(b, func(b testing.TB, db *sqlx.DB, keys []string) {
 		workload.MariaDBTable(b, db, "bots", "engine_id varchar(64)", keys...)
 	}, []workload.MariaDBImpl{
-		{Name: "raw", New: byHand(false)},
-		{Name: "raw-probe", New: byHand(true)},
+		{Name: "raw", New: byHand(false), Report: reportWins},
+		{Name: "raw-probe", New: byHand(true), Report: reportWins},
 		{Name: "contend", New: func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error {
+			wins.Store(0)
 			return claimRelease(claimer(b, h, plain))
-		}},
+		}, Report: reportWins},
 	})
 }

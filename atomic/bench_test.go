@@ -33,6 +33,13 @@ var benchWorkers = []int{1, 8, 64}
 // more often would look faster per call.
 var wins gatomic.Int64
 
+// reportWins reports the claims won in the benchmark's run, per second.
+func reportWins(b *testing.B) {
+	if n := wins.Load(); n > 0 {
+		b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "wins/s")
+	}
+}
+
 // benchmark runs every impl on every workload, driver and worker count; newOp
 // builds an impl's operation on a fresh database that setup prepared, given
 // through driver as h (a testserver.Native pool under pgx-native, else db).
@@ -56,9 +63,7 @@ func benchmark(b *testing.B, impls, drivers []string, setup func(b *testing.B, d
 									op := newOp(b, impl, db, h)
 									wins.Store(0)
 									workload.Parallel(b, workers, func(ctx context.Context) error { return op(ctx, w.Pick()) })
-									if n := wins.Load(); n > 0 {
-										b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "wins/s")
-									}
+									reportWins(b)
 								})
 							}
 						})

@@ -14,6 +14,7 @@ import (
 	"github.com/contend/contend/internal/firstuse"
 	"github.com/contend/contend/internal/inflight"
 	"github.com/contend/contend/internal/keepalive"
+	"github.com/contend/contend/internal/keyrate"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/sqlident"
@@ -51,9 +52,10 @@ type ClaimerConfig struct {
 	// lease passes, or, without a lease column, until cleared. Default: 5s.
 	FinishTimeout time.Duration
 	// Observer, when set, hears what the claimer's claims do, as events of
-	// strategy "atomic" (Attempts is always 1: a claim is one statement):
+	// strategy "atomic" (Attempts is always 1: a claim is one try, never
+	// retried):
 	//   - Obtained when Claim, ClaimAs or Do makes a claim (Wait is how long
-	//     the statement took);
+	//     its statements took: one, or on a hot key the read and the claim);
 	//   - Conflict when the key was claimed already (Err is the error
 	//     returned);
 	//   - Released when Release or the end of Do clears the claim (Hold
@@ -71,11 +73,38 @@ type ClaimerConfig struct {
 // defaultLease is the default of [ClaimerConfig.Lease].
 const defaultLease = 30 * time.Second
 
+// When a key's claims go through a read first (claimRow). The read replaces
+// the claim's statement for a loser and adds a round trip for a winner, so
+// it pays once about half of a key's recent claims lost; the key goes back
+// at a quarter, and stays at least half a window in either state, so that a
+// rate near a threshold does not flap. A window of 32 turns a hot key within
+// a few dozen claims; a key claimed by one caller at a time, however often,
+// never turns. lossKeys bounds the memory (about 40 bytes a key, per
+// Claimer on a pool); a hot key keeps its slot against cold ones, so it
+// need not cover every key claimed, only the keys hot at once.
+const (
+	lossWindow = 32
+	lossEnter  = 0.5
+	lossLeave  = 0.25
+	lossKeys   = 1024
+)
+
 // A Claimer claims keys by filling an owner column where it is empty: one
 // conditional UPDATE, so of any number of concurrent claims on a key, in any
 // number of processes, exactly one succeeds, and no lock is held anywhere while
 // the winner works. Release empties the column only while it still holds the
 // releaser's token, so a late release never clears a newer claim.
+//
+// A key whose claims keep losing (about half of this Claimer's recent
+// claims of it, outside a transaction) is read before it is claimed: a
+// plain read that takes no lock and waits for none. When it finds the key
+// held, the claim fails with [contend.ErrConflict] at once, without the
+// write (the key was held as the read ran, which is all a lost race says
+// either); when it finds no row, with [contend.ErrNotFound]; when it finds
+// the key free, the claim is made as on any key, and a winner pays two round
+// trips instead of one. A key claimed by one caller at a time never turns
+// hot, however often it is claimed. Which keys are hot is remembered per
+// Claimer, in memory bounded whatever the keys (a few tens of kilobytes).
 //
 // A claim lasts until released or, with a lease column, until its lease
 // passes. Without a lease a crashed holder's claim stays until cleared by
@@ -108,6 +137,12 @@ type Claimer struct {
 
 	observer contend.Observer // nil: report nothing
 	tracked  claims           // of Claim and ClaimAs, when observed
+
+	// losses keeps, per key, how often this claimer's recent claims made
+	// outside a transaction lost: a key that turned hot is read before it is
+	// claimed (claimRow). It is the one owner of that state. nil on a
+	// transaction, whose claims always run the claim's statement.
+	losses *keyrate.Table
 
 	prep  firstuse.Step                // prepares stmts at the first call
 	stmts syncatomic.Pointer[prepared] // nil until prepared; set once
@@ -182,6 +217,9 @@ func NewClaimer(db contend.DB, cfg ClaimerConfig) (*Claimer, error) {
 		}
 	}
 	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, table: cfg.Table, observer: cfg.Observer}
+	if !c.onTx {
+		c.losses = keyrate.New(keyrate.Config{Window: lossWindow, Enter: lossEnter, Leave: lossLeave, Keys: lossKeys})
+	}
 	if lease != "" {
 		c.lease = cfg.Lease
 	}
@@ -235,47 +273,69 @@ func postgresPlan(table, key, owner, lease string) plan {
 		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1 AND %s IS NOT TRUE))`,
 		claimSQL, table, key, free)
 	existsSQL := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`, table, key)
-	return plan{claim: claimSQL, exists: existsSQL, release: releaseSQL, extend: extendSQL, won: 0, unsure: 2}
+	// The read of a hot key answers in its count too (readHeld, readFree,
+	// readMissing): no row for its common answer, as the claim's for a
+	// win. It takes no lock, and waits for none: a claim being committed
+	// shows as free (the claim then waits for it and loses), a release
+	// being committed as held (true until it commits).
+	readSQL := fmt.Sprintf(`SELECT FROM generate_series(1, COALESCE((SELECT CASE WHEN %s THEN 1 ELSE 0 END FROM %s WHERE %s = $1), 2))`,
+		free, table, key)
+	return plan{claim: claimSQL, exists: existsSQL, read: readSQL, release: releaseSQL, extend: extendSQL, won: 0, unsure: 2}
 }
 
 // A plan is a claimer's statements, to be prepared at its first call: their
 // text, the order each takes the claimer's arguments in (nil: as passed,
 // key, token and the lease), and the counts of the claim's statement that
 // tell a win (won) and a result it cannot tell (unsure; see probedClaim).
+// readScans says that read answers in a value rather than in its count of
+// rows (MySQL, whose drivers count no rows of a SELECT).
 type plan struct {
-	claim, exists, release, extend string // extend: "" without a lease column
-	lockedExists                   string // MySQL's probe in a transaction; "" on PostgreSQL
-	claimOrder, extendOrder        []int
-	won, unsure                    int64
+	claim, exists, read, release, extend string // extend: "" without a lease column
+	lockedExists                         string // MySQL's probe in a transaction; "" on PostgreSQL
+	readScans                            bool
+	claimOrder, extendOrder              []int
+	won, unsure                          int64
 }
 
 // prepared is a claimer's statements, prepared.
 type prepared struct {
 	claim   sqldb.Stmt // key, token [, lease µs] → 0 rows: claimed, 1: held, 2: no row
+	read    sqldb.Stmt // key → readHeld, readFree or readMissing
 	release sqldb.Stmt // key, token
 	extend  sqldb.Stmt // key, token, lease µs; nil without a lease column
 }
 
+// What the read of a hot key answers, as its count.
+const (
+	readHeld    = 0
+	readFree    = 1 // free, or its lease has passed
+	readMissing = 2 // no row
+)
+
 // prepare prepares p's statements on d, or closes what it prepared and
 // fails.
 func (p plan) prepare(ctx context.Context, d sqldb.DB) (*prepared, error) {
-	var claim, exists, lockedExists, release, extend sqldb.Stmt
+	var claim, exists, lockedExists, read, release, extend sqldb.Stmt
 	for _, s := range []struct {
 		dst   *sqldb.Stmt
 		query string
-	}{{&claim, p.claim}, {&exists, p.exists}, {&lockedExists, p.lockedExists}, {&release, p.release}, {&extend, p.extend}} {
+	}{{&claim, p.claim}, {&exists, p.exists}, {&lockedExists, p.lockedExists}, {&read, p.read}, {&release, p.release}, {&extend, p.extend}} {
 		if s.query == "" {
 			continue
 		}
 		var err error
 		if *s.dst, err = d.Prepare(ctx, s.query); err != nil {
-			closeAll(claim, exists, lockedExists, release, extend)
+			closeAll(claim, exists, lockedExists, read, release, extend)
 			return nil, err
 		}
+	}
+	if p.readScans {
+		read = scannedCount{read}
 	}
 	st := &prepared{
 		claim: probedClaim{claim: inOrder(claim, p.claimOrder), exists: exists, lockedExists: lockedExists,
 			onTx: d.Tx() != nil, won: p.won, unsure: p.unsure},
+		read:    read,
 		release: release,
 	}
 	if extend != nil {
@@ -286,7 +346,7 @@ func (p plan) prepare(ctx context.Context, d sqldb.DB) (*prepared, error) {
 
 func (st *prepared) close() error {
 	var errs []error
-	for _, s := range []sqldb.Stmt{st.claim, st.release, st.extend} {
+	for _, s := range []sqldb.Stmt{st.claim, st.read, st.release, st.extend} {
 		if s != nil {
 			errs = append(errs, s.Close())
 		}
@@ -460,16 +520,54 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 	if err != nil {
 		return err
 	}
-	n, err := c.run(ctx, st.claim, key, token, c.lease > 0)
+	tx, err := c.tx(ctx)
+	if err != nil {
+		return fmt.Errorf("atomic: claim %q: %w", key, err)
+	}
+	// Only claims outside a transaction are counted, and read first: in
+	// one, a concurrent claim waits for the other transaction rather than
+	// losing, and a read could see the transaction's snapshot rather than
+	// the row.
+	losses := c.losses
+	if tx != nil {
+		losses = nil
+	}
+	if losses != nil && losses.Hot(key) {
+		// Most claims of this key lose: a plain read tells a loser so
+		// without the claim's write and its probe and, on MySQL, without
+		// the row lock every UPDATE there takes, a loser's too, in turn.
+		// (On PostgreSQL a losing UPDATE waits only for a claim being
+		// committed, which the read sees free: the claim then waits as
+		// before.) A held key was held as the read ran, which is all a
+		// lost claim says either.
+		switch n, err := c.exec(ctx, nil, st.read, 1, key, ""); {
+		case err != nil:
+			return fmt.Errorf("atomic: claim %q: %w", key, err)
+		case n == readMissing:
+			return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
+		case n == readHeld:
+			losses.Record(key, 1, 1)
+			return &heldError{key}
+		}
+	}
+	args := 2
+	if c.lease > 0 {
+		args = 3
+	}
+	n, err := c.exec(ctx, tx, st.claim, args, key, token)
 	switch {
 	case err != nil && c.mayHaveClaimed(ctx, err):
 		return c.releaseUnknown(ctx, key, token, err)
 	case err != nil:
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
-	case n == 0:
-		return nil
 	case n == 2:
 		return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
+	}
+	if losses != nil {
+		losses.Record(key, 1, int(n))
+	}
+	if n == 0 {
+		return nil
 	}
 	return &heldError{key}
 }
@@ -756,18 +854,27 @@ func (c *Claimer) run(ctx context.Context, s sqldb.Stmt, key, token string, leas
 	if err != nil {
 		return 0, err
 	}
+	args := 2
+	if lease {
+		args = 3
+	}
+	return c.exec(ctx, tx, s, args, key, token)
+}
+
+// exec runs s in tx (nil: where it was prepared) with the first args of
+// key, token and the lease in microseconds, watched (txn.WatchStmt), and
+// returns the count of rows it reports.
+func (c *Claimer) exec(ctx context.Context, tx sqldb.Tx, s sqldb.Stmt, args int, key, token string) (int64, error) {
 	// The arguments go through an interface, where a slice of them would
 	// escape: one allocation per statement that the bare statement does
 	// not make. So their array is reused, once the statement is done with
 	// it (a statement given up on may still read it).
 	a := argArrays.Get().(*[3]any)
 	a[0], a[1] = key, token
-	args := a[:2]
-	if lease {
+	if args > 2 {
 		a[2] = c.lease.Microseconds()
-		args = a[:3]
 	}
-	n, err := txn.WatchStmt(ctx, s, tx, args)
+	n, err := txn.WatchStmt(ctx, s, tx, a[:args])
 	if !errors.Is(err, txn.ErrNoAnswer) {
 		*a = [3]any{}
 		argArrays.Put(a)

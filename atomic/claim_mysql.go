@@ -14,7 +14,7 @@ import (
 // lease µs) through an order of its own. There is no UPDATE ... RETURNING
 // to tell a win, a lost race and a missing row apart in one round trip, so
 // a claim that matched no row asks whether the row exists (only losers pay
-// it, in a statement of its own). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
+// it, in a statement of its own; on a hot key the read replaces both). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
 // server's clock, whatever each session's time_zone, read as each statement
 // begins (not as its transaction did, unlike PostgreSQL's now()).
 //
@@ -25,6 +25,7 @@ import (
 // rows matched (clientFoundRows), which mysqldb.Wrap checks.
 func mysqlPlan(table, key, owner, lease string) plan {
 	var (
+		free       = owner + " IS NULL"
 		claimSQL   = fmt.Sprintf("UPDATE %s SET %s = ? WHERE %s = ? AND %s IS NULL", table, owner, key, owner)
 		claimOrder = []int{argToken, argKey}
 		releaseSQL = fmt.Sprintf("UPDATE %s SET %s = NULL WHERE %s = ? AND %s = ?", table, owner, key, owner)
@@ -32,6 +33,7 @@ func mysqlPlan(table, key, owner, lease string) plan {
 	)
 	if lease != "" {
 		deadline := "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"
+		free = fmt.Sprintf("(%s IS NULL OR %s < UTC_TIMESTAMP(6))", owner, lease)
 		claimSQL = fmt.Sprintf("UPDATE %s SET %s = ?, %s = %s WHERE %s = ? AND (%s IS NULL OR %s < UTC_TIMESTAMP(6))",
 			table, owner, lease, deadline, key, owner, lease)
 		claimOrder = []int{argToken, argLease, argKey}
@@ -48,8 +50,16 @@ func mysqlPlan(table, key, owner, lease string) plan {
 	// transaction ends; outside one, a plain SELECT sees the latest row
 	// already, and waits for no lock.
 	lockedExistsSQL := fmt.Sprintf("SELECT COUNT(*) > 0 FROM %s WHERE %s = ? LOCK IN SHARE MODE", table, key)
+	// The read of a hot key (see postgresPlan) answers in a value, the
+	// same numbers: an aggregate has its one row whether the key's is there
+	// or not, and an integer, not SUM's decimal, scans without a parse. Outside a transaction, the only place it runs, it is a
+	// consistent read of the latest committed row: it takes no lock and
+	// waits for none, where every losing UPDATE locks the row in turn.
+	readSQL := fmt.Sprintf("SELECT CAST(2 * (COUNT(*) = 0) + COALESCE(SUM((%s) IS TRUE), 0) AS SIGNED) FROM %s WHERE %s = ?",
+		free, table, key)
 	// The release takes key, token: the order the claimer passes them in.
-	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, release: releaseSQL, extend: extendSQL,
+	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, read: readSQL, readScans: true,
+		release: releaseSQL, extend: extendSQL,
 		claimOrder: claimOrder, extendOrder: []int{argLease, argKey, argToken}, won: 1, unsure: 0}
 }
 
@@ -142,6 +152,16 @@ func (s probedClaim) Close() error {
 		err = errors.Join(err, s.lockedExists.Close())
 	}
 	return err
+}
+
+// scannedCount is a statement whose one row holds the count it answers
+// in, for a driver that counts no rows of a SELECT.
+type scannedCount struct{ sqldb.Stmt }
+
+func (s scannedCount) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
+	var n int64
+	err := s.Stmt.QueryRow(ctx, tx, args...).Scan(&n)
+	return n, err
 }
 
 // closeAll closes the statements of stmts that were prepared.

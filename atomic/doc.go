@@ -18,6 +18,11 @@
 // only with that token, so a late release never clears a newer claim. It is a
 // [contend.Guard].
 //
+// A Claimer reads a key whose claims keep losing before it claims it, so
+// that on a hot key the many losers of each round pay a plain read, which
+// takes no lock, instead of the write; winners on keys claimed one at a
+// time keep their single statement.
+//
 // Limits: the rule must fit in one row (or one statement). A decision that
 // reads several rows or tables needs a transaction (package pessimistic or
 // optimistic); work outside the database needs a lease (package distlock). A

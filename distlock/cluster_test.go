@@ -100,6 +100,10 @@ func TestClusterFailoverWhileHeld(t *testing.T) {
 	n, err := master.Wait(ctx, 1, 5*time.Second).Result()
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "the replica did not get the locks")
+	// A plain timer for the same instant tells how late this machine's
+	// scheduler runs anyone's timer; the bound adds that lag.
+	plain := make(chan time.Duration, 1)
+	time.AfterFunc(time.Until(short.ValidUntil()), func() { plain <- time.Since(short.ValidUntil()) })
 	crashed := time.Now()
 	require.NoError(t, cl.Node(addr).Kill())
 
@@ -108,7 +112,8 @@ func TestClusterFailoverWhileHeld(t *testing.T) {
 	<-shortCtx.Done()
 	lag := time.Since(short.ValidUntil())
 	require.ErrorIs(t, context.Cause(shortCtx), contend.ErrLockLost)
-	require.Less(t, lag, 50*time.Millisecond, "told %v after the validity", lag)
+	plainLag := max(0, <-plain)
+	require.Less(t, lag, 50*time.Millisecond+plainLag, "told %v after the validity (a plain timer fired %v late)", lag, plainLag)
 
 	// Nobody else gets the long lock while its holder keeps it; its holder
 	// keeps it across the failover, refreshed (every 4s) on the new master

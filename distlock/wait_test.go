@@ -239,7 +239,9 @@ func cutShortBeforeWaiting(t *testing.T, opts redis.Options) {
 	c, proxy := behind(t, rdb, opts, distlock.Config{Prefix: prefix})
 	proxy.Blackhole() // the first attempt does not come back before the deadline
 	defer func() { proxy.Heal(); proxy.Reset() }()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	// Long enough that a loaded machine still starts the call before the
+	// deadline: a ctx that ended before the call is only ctx's error.
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, err := c.Obtain(ctx, "job", time.Minute)
 	require.ErrorIs(t, err, contend.ErrConflict)
@@ -663,10 +665,14 @@ func TestTakeBeforeAQueueServesItOnRelease(t *testing.T) {
 	t.Parallel()
 	c, other, rdb, prefix := twoClients(t, distlock.Config{Recheck: time.Minute})
 	ctx := t.Context()
-	_, err := c.TryObtain(ctx, "job", 100*time.Millisecond) // its holder dies
+	_, err := c.TryObtain(ctx, "job", time.Minute) // its holder dies
 	require.NoError(t, err)
 	waiter := obtainAsync(ctx, other, "job", time.Minute)
 	waitQueued(t, rdb, prefix, "job", 1)
+	// The lease runs out once the waiter is queued: a short ttl would
+	// let a waiter that is slow to start (a loaded machine) find the key
+	// free and take it, queueing nothing.
+	require.NoError(t, rdb.PExpire(ctx, lockKey(prefix, "job"), time.Millisecond).Err())
 	require.Eventually(t, func() bool { return rdb.Exists(ctx, lockKey(prefix, "job")).Val() == 0 },
 		5*time.Second, 5*time.Millisecond, "the lease did not run out")
 	newcomer := newClient(t, rdb, distlock.Config{Prefix: prefix})

@@ -2,11 +2,13 @@ package idempotency_test
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/contend/contend/idempotency"
 	"github.com/contend/contend/internal/testserver"
@@ -18,11 +20,22 @@ import (
 // work):
 //
 //   - BenchmarkFirstCall: a new key each time, so every call runs fn; raw is
-//     the bare transaction (BEGIN, fn's INSERT, COMMIT). The store adds
-//     its replay read, the key's INSERT, a SAVEPOINT and the answer's
-//     UPDATE.
+//     the bare transaction (BEGIN, fn's INSERT, COMMIT). raw-floor is the
+//     least a first call can send when a replay is one round trip and runs
+//     no fn: the replay read, then BEGIN, fn's INSERT, the record's
+//     INSERT, COMMIT; but there a duplicate in flight runs its fn beside
+//     the first (its writes rolled back at its record's conflict).
+//     raw-exclusive is the floor of the store's own promise, that a
+//     duplicate in flight waits for the key before its fn runs: the replay
+//     read, BEGIN, the key's INSERT, fn's INSERT, the answer's UPDATE,
+//     COMMIT, which is what the store sends.
 //   - BenchmarkReplay: a key with a stored answer; raw is the primary-key
 //     SELECT of the answer, which is what the store sends.
+//
+// The retry storm (each request sent three times, beside a hand-written
+// check-then-insert and a unique-index insert, the invariant checked per
+// cell) is a workload of the suite: go run ./examples/bench -workloads
+// retry-storm.
 
 func benchEnv(b *testing.B) *env {
 	url := testserver.Postgres(b) + "&synchronous_commit=off"
@@ -55,6 +68,19 @@ func parallel(b *testing.B, workers int, op func(ctx context.Context, i int64) e
 	wg.Wait()
 }
 
+// The floors' statements; each takes the key ($1), the fingerprint ($2),
+// the retention in microseconds ($3) and the answer ($4), and uses those it
+// needs.
+const (
+	recordSQL = `INSERT INTO idem (id, fingerprint, state, answer, fence, expires_at)
+		VALUES ($1, $2, 1, $4, 1, clock_timestamp() + $3::bigint * interval '1 microsecond') ON CONFLICT DO NOTHING`
+	takeSQL = `INSERT INTO idem (id, fingerprint, state, answer, fence, expires_at)
+		VALUES ($1, $2, 0, NULL, 1, clock_timestamp() + $3::bigint * interval '1 microsecond') ON CONFLICT DO NOTHING`
+	answerSQL = `UPDATE idem SET state = 1, answer = $4 WHERE id = $1 AND fingerprint = $2 AND $3::bigint > 0`
+)
+
+var retention = int64(24 * time.Hour / time.Microsecond)
+
 func BenchmarkFirstCall(b *testing.B) {
 	for _, workers := range []int{1, 8, 64} {
 		b.Run(fmt.Sprintf("raw/workers=%d", workers), func(b *testing.B) {
@@ -71,6 +97,45 @@ func BenchmarkFirstCall(b *testing.B) {
 				return tx.Commit()
 			})
 		})
+		for _, floor := range []struct {
+			name   string
+			before string // sent after BEGIN, before fn's statement
+			after  string // sent after fn's statement, before COMMIT
+		}{
+			{"raw-floor", "", recordSQL},
+			{"raw-exclusive", takeSQL, answerSQL},
+		} {
+			b.Run(fmt.Sprintf("%s/workers=%d", floor.name, workers), func(b *testing.B) {
+				e := benchEnv(b)
+				parallel(b, workers, func(ctx context.Context, i int64) error {
+					key := fmt.Sprint(i)
+					var answer []byte
+					switch err := e.own.QueryRowContext(ctx, `SELECT answer FROM idem WHERE id = $1`, key).Scan(&answer); {
+					case err == nil:
+						return fmt.Errorf("key %s has a record", key)
+					case !errors.Is(err, sql.ErrNoRows):
+						return err
+					}
+					tx, err := e.own.BeginTx(ctx, nil)
+					if err != nil {
+						return err
+					}
+					defer tx.Rollback()
+					if floor.before != "" {
+						if _, err := tx.ExecContext(ctx, floor.before, key, "fp", retention); err != nil {
+							return err
+						}
+					}
+					if _, err := tx.ExecContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", "a"); err != nil {
+						return err
+					}
+					if _, err := tx.ExecContext(ctx, floor.after, key, "fp", retention, []byte("a")); err != nil {
+						return err
+					}
+					return tx.Commit()
+				})
+			})
+		}
 		b.Run(fmt.Sprintf("idempotency/workers=%d", workers), func(b *testing.B) {
 			e := benchEnv(b)
 			s := e.store(b, idempotency.Config{})
@@ -122,98 +187,3 @@ func BenchmarkReplay(b *testing.B) {
 		})
 	}
 }
-
-// BenchmarkRetryStorm sends each request three times, two of them at once
-// and the third after them (a double click, then a client's retry), and
-// checks the invariant after each cell: one effect per request. Beside the
-// store: check-then-insert by hand (the negative control: its duplicates
-// are reported, not failed) and a unique-constraint insert by hand (one
-// effect; its duplicates read the first one's answer back).
-func BenchmarkRetryStorm(b *testing.B) {
-	type sender func(ctx context.Context, e *env, key string) ([]byte, error)
-	impls := []struct {
-		name     string
-		send     func(b *testing.B, e *env) sender
-		mayDupes bool
-	}{
-		{"idempotency", func(b *testing.B, e *env) sender {
-			s := e.store(b, idempotency.Config{})
-			return func(ctx context.Context, e *env, key string) ([]byte, error) {
-				a, _, err := s.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
-					_, err := testserver.Querier(ctx, e.db).Exec(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", answerFor(key))
-					return []byte("a-" + key), err
-				})
-				return a, err
-			}
-		}, false},
-		{"check-then-insert", func(*testing.B, *env) sender {
-			return func(ctx context.Context, e *env, key string) ([]byte, error) {
-				var answer []byte
-				err := e.own.QueryRowContext(ctx, `SELECT answer FROM effects WHERE k = $1 LIMIT 1`, key).Scan(&answer)
-				if err == nil {
-					return answer, nil
-				}
-				_, err = e.own.ExecContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)`, key, "fp", answerFor(key))
-				return []byte("a-" + key), err
-			}
-		}, true},
-		{"unique-insert", func(b *testing.B, e *env) sender {
-			if _, err := e.own.Exec(`CREATE UNIQUE INDEX ON effects (k)`); err != nil {
-				b.Fatal(err)
-			}
-			return func(ctx context.Context, e *env, key string) ([]byte, error) {
-				var answer []byte
-				err := e.own.QueryRowContext(ctx, `INSERT INTO effects (k, fingerprint, answer) VALUES ($1, $2, $3)
-					ON CONFLICT (k) DO NOTHING RETURNING answer`, key, "fp", answerFor(key)).Scan(&answer)
-				if err == nil {
-					return answer, nil
-				}
-				err = e.own.QueryRowContext(ctx, `SELECT answer FROM effects WHERE k = $1`, key).Scan(&answer)
-				return answer, err
-			}
-		}, false},
-	}
-	for _, im := range impls {
-		for _, workers := range []int{1, 8, 64} {
-			b.Run(fmt.Sprintf("%s/workers=%d", im.name, workers), func(b *testing.B) {
-				e := benchEnv(b)
-				send := im.send(b, e)
-				var split atomic.Int64 // requests whose three answers differ
-				parallel(b, workers, func(ctx context.Context, i int64) error {
-					key := fmt.Sprint(i)
-					var answers [3][]byte
-					var errs [3]error
-					var wg sync.WaitGroup
-					for j := range 2 {
-						wg.Go(func() { answers[j], errs[j] = send(ctx, e, key) })
-					}
-					wg.Wait()
-					answers[2], errs[2] = send(ctx, e, key)
-					for j := range answers {
-						if errs[j] != nil {
-							return errs[j]
-						}
-						if string(answers[j]) != string(answers[0]) {
-							split.Add(1)
-						}
-					}
-					return nil
-				})
-				b.StopTimer()
-				var dupes int
-				if err := e.own.Get(&dupes, `SELECT coalesce(sum(n - 1), 0) FROM (SELECT count(*) AS n FROM effects GROUP BY k) c`); err != nil {
-					b.Fatal(err)
-				}
-				b.ReportMetric(float64(dupes)/float64(b.N), "dupes/op")
-				b.ReportMetric(float64(split.Load())/float64(b.N), "split/op")
-				if (dupes > 0 || split.Load() > 0) && !im.mayDupes {
-					b.Fatalf("%d duplicate effects, %d requests answered differently", dupes, split.Load())
-				}
-			})
-		}
-	}
-}
-
-// answerFor is the answer of one execution of key's request: another for
-// each execution, so that a request run twice answers two ways.
-func answerFor(key string) string { return fmt.Sprintf("a-%s-%d", key, rand.Int64()) }

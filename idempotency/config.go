@@ -44,7 +44,8 @@ type Config struct {
 	// Retention is how long a stored answer is replayed: a call after it
 	// ends runs fn again, and [Store.Expire] removes the record. It is
 	// counted on the database server's clock, from the statement that
-	// stores the answer. Zero means 24h.
+	// takes the key ([Store.Do]) or records the answer
+	// ([Store.DoExternal]). Zero means 24h.
 	Retention time.Duration
 	// Lease is how long an external call ([Store.DoExternal]) holds its
 	// key: fn's ctx ends when it runs out, and the key may then be taken
@@ -86,7 +87,9 @@ type Config struct {
 	//   - GaveUp when ctx ends a wait;
 	//   - Lost (Fence, Err matching [ErrFenced]) when an external call's
 	//     answer is refused because its lease ended and its key was taken
-	//     or removed.
+	//     or removed;
+	//   - Expired (Fence) for each record [Store.Expire] removes, keyed by
+	//     the record's key, once its batch committed.
 	// It runs on the caller's goroutine and must not block. Zero means no
 	// events, at no cost.
 	Observer contend.Observer

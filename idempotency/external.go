@@ -158,13 +158,9 @@ func (s *Store) takeExternal(ctx context.Context, rep *report, key, fingerprint 
 			began = time.Now()
 			_, err = txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
 				fence, rec = 0, nil
-				r, taken, err := s.take(ctx, tx, key, fingerprint, s.lease)
-				if err != nil {
+				var err error
+				if rec, err = s.take(ctx, tx, key, fingerprint, s.lease); err != nil {
 					return err
-				}
-				if !taken {
-					rec = r
-					return errNotTaken
 				}
 				return scanRow(ctx, tx, s.fenceSQL, []any{key}, &fence)
 			})

@@ -140,4 +140,11 @@ func TestPromises(t *testing.T) {
 	nw := e.store(t, idempotency.Config{NoWait: true, Retry: contend.Retry{MaxAttempts: 1}}).Promises()
 	require.False(t, nw.Waits)
 	require.True(t, nw.AtMostOnce)
+
+	// DoExternal: a lease-based lock's promises, outside any transaction,
+	// so a call site written for Do cannot take it unawares.
+	ext := e.store(t, idempotency.Config{}).ExternalPromises()
+	require.Equal(t, contend.Promises{Exclusive: true, AtMostOnce: true, Waits: true, AcrossProcesses: true}, ext)
+	require.Error(t, ext.Check(p), "fn's statements leave the transaction")
+	require.False(t, e.store(t, idempotency.Config{NoWait: true}).ExternalPromises().Waits)
 }

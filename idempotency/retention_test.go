@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/contend/contend"
 	"github.com/contend/contend/idempotency"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/testserver"
@@ -125,4 +126,45 @@ func sampleLongestTx(t *testing.T, e *env) (longest *time.Duration, samples *int
 		}
 	})
 	return longest, samples, func() { cancel(); wg.Wait() }
+}
+
+// With an Observer, Expire reports each record it removes, and no other:
+// the keys whose retention ended, in batches smaller than their number.
+func TestExpireReportsEachRecord(t *testing.T) {
+	forDrivers(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		var ev events
+		short := e.store(t, idempotency.Config{Retention: time.Millisecond, Observer: &ev})
+		long := e.store(t, idempotency.Config{Observer: &ev})
+		want := map[string]bool{}
+		for i := range 5 {
+			key := fmt.Sprintf("short-%d", i)
+			_, _, err := short.Do(ctx, key, "fp", e.effect(key, "fp"))
+			require.NoError(t, err)
+			want[key] = true
+		}
+		_, _, err := long.Do(ctx, "long", "fp", e.effect("long", "fp"))
+		require.NoError(t, err)
+		time.Sleep(10 * time.Millisecond)
+		ev.take()
+
+		removed, err := long.Expire(ctx, 2)
+		require.NoError(t, err)
+		require.EqualValues(t, 5, removed)
+		got := map[string]bool{}
+		for _, g := range ev.take() {
+			require.Equal(t, contend.EventExpired, g.Kind)
+			require.Equal(t, contend.StrategyIdempotency, g.Strategy)
+			require.Positive(t, g.Fence)
+			require.False(t, got[g.Key], "%s reported twice", g.Key)
+			got[g.Key] = true
+		}
+		require.Equal(t, want, got)
+		require.Equal(t, 1, e.records(t, "long"), "the live record stays")
+
+		removed, err = long.Expire(ctx, 0)
+		require.NoError(t, err)
+		require.Zero(t, removed)
+		require.Empty(t, ev.take())
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	stdatomic "sync/atomic"
 	"time"
 
@@ -21,10 +22,14 @@ const (
 	stateFailed   = 2 // a final error's message is stored
 )
 
-// savepoints names the savepoint each call sets before fn runs, so that a
-// final error rolls back fn's writes and keeps the key's record: a name of
-// its own per call, since MySQL replaces a savepoint by a later one of the
-// same name, which a Do nested in fn's transaction would set.
+// savepoints names the savepoint a call in a caller's transaction sets
+// before fn runs, so that a final error rolls back fn's writes and keeps
+// the key's record: a name of its own per call, since MySQL replaces a
+// savepoint by a later one of the same name, which a Do nested in fn's
+// transaction would set. A call in a transaction of its own sets none: a
+// final error rolls the whole transaction back, and the error is recorded
+// in another (see Store.recordFailure), so that a first call costs no
+// statement for a failure it will most likely not have.
 var savepoints stdatomic.Uint64
 
 func savepointName() string {
@@ -53,10 +58,13 @@ type Store struct {
 	insertSQL   string // key, fingerprint, expiry µs → 1 row, or 0 (PostgreSQL) or a duplicate key (MySQL)
 	takeoverSQL string // fingerprint, expiry µs, key
 	fenceSQL    string // key → fence
-	recordSQL   string // state, answer, retention µs, key
+	answerSQL   string // state, answer, key
 	fencedSQL   string // state, answer, retention µs, key, fence
 	releaseSQL  string // key, fence
 	expireSQL   string // batch
+	keyFence    string // the key and fence columns, for a RETURNING
+	expiredSQL  string // batch → key, fence of expired records, locked (MySQL)
+	removeSQL   string // DELETE by key, less its list of keys (MySQL)
 }
 
 // New validates cfg and builds the store's statements. db is a pool (a
@@ -137,17 +145,26 @@ func (s *Store) build(n names) {
 	s.takeoverSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %d, %s = NULL, %s = GREATEST(%s + 1, %s), %s = %s WHERE %s = %s",
 		n.table, n.fingerprint, p(1), n.state, stateInFlight, n.answer, n.fence, n.fence, nowMicros, n.expires, after(2), n.key, p(3))
 	s.fenceSQL = fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", n.fence, n.table, n.key, p(1))
-	s.recordSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %s, %s = %s WHERE %s = %s",
-		n.table, n.state, p(1), n.answer, p(2), n.expires, after(3), n.key, p(4))
-	s.fencedSQL = fmt.Sprintf("%s AND %s = %s AND %s = %d", s.recordSQL, n.fence, p(5), n.state, stateInFlight)
+	// Do's record got its expiry when the key was taken, in the same
+	// transaction: the answer leaves the indexed columns alone, so that
+	// PostgreSQL can update the row in place (HOT), without new index
+	// entries.
+	s.answerSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %s WHERE %s = %s",
+		n.table, n.state, p(1), n.answer, p(2), n.key, p(3))
+	s.fencedSQL = fmt.Sprintf("UPDATE %s SET %s = %s, %s = %s, %s = %s WHERE %s = %s AND %s = %s AND %s = %d",
+		n.table, n.state, p(1), n.answer, p(2), n.expires, after(3), n.key, p(4), n.fence, p(5), n.state, stateInFlight)
 	s.releaseSQL = fmt.Sprintf("DELETE FROM %s WHERE %s = %s AND %s = %s AND %s = %d",
 		n.table, n.key, p(1), n.fence, p(2), n.state, stateInFlight)
 	// A batch reads the expiry index from its start: the time it compares
 	// with is the statement's (now(), NOW(6)), which the planner can use
 	// on the index; clock_timestamp(), volatile, would make every batch
 	// scan the table past the dead rows of the batches before it.
+	s.keyFence = n.key + ", " + n.fence
 	if s.dialect == sqldb.MySQL {
 		s.expireSQL = fmt.Sprintf("DELETE FROM %s WHERE %s <= NOW(6) ORDER BY %s LIMIT ?", n.table, n.expires, n.expires)
+		s.expiredSQL = fmt.Sprintf("SELECT %s, %s FROM %s WHERE %s <= NOW(6) ORDER BY %s LIMIT ? FOR UPDATE SKIP LOCKED",
+			n.key, n.fence, n.table, n.expires, n.expires)
+		s.removeSQL = fmt.Sprintf("DELETE FROM %s WHERE %s IN", n.table, n.key)
 	} else {
 		// SKIP LOCKED: a batch never waits for a call that is taking an
 		// expired key over.
@@ -224,21 +241,26 @@ var errNotTaken = errors.New("idempotency: key taken")
 // expiry: it inserts the key's record, or, when an expired one is in the
 // way, takes that over. A duplicate in flight in another transaction makes
 // the insert wait until that transaction ends (or, under NoWait, fail with
-// [ErrInFlight]). When the key has a live record, take returns it and
-// taken is false.
-func (s *Store) take(ctx context.Context, tx sqldb.Tx, key, fingerprint string, expiry time.Duration) (rec *record, taken bool, err error) {
+// [ErrInFlight]). When the key has a live record, take returns it with
+// errNotTaken, which ends tx.
+func (s *Store) take(ctx context.Context, tx sqldb.Tx, key, fingerprint string, expiry time.Duration) (*record, error) {
 	restore, err := s.noWaitOn(ctx, tx)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
-	rec, taken, err = s.takeLoop(ctx, tx, key, fingerprint, expiry)
+	rec, taken, err := s.takeLoop(ctx, tx, key, fingerprint, expiry)
 	if rerr := restore(err); rerr != nil {
-		return nil, false, errors.Join(err, rerr)
+		return nil, errors.Join(err, rerr)
 	}
-	if err != nil && s.noWait && sqlerr.Is(err, sqlerr.LockNotAvailable) && context.Cause(ctx) == nil {
-		return nil, false, fmt.Errorf("idempotency: %q: %w (%w)", key, ErrInFlight, err)
+	switch {
+	case err != nil && s.noWait && sqlerr.Is(err, sqlerr.LockNotAvailable) && context.Cause(ctx) == nil:
+		return nil, fmt.Errorf("idempotency: %q: %w (%w)", key, ErrInFlight, err)
+	case err != nil:
+		return nil, err
+	case !taken:
+		return rec, errNotTaken
 	}
-	return rec, taken, err
+	return nil, nil
 }
 
 func (s *Store) takeLoop(ctx context.Context, tx sqldb.Tx, key, fingerprint string, expiry time.Duration) (*record, bool, error) {
@@ -361,10 +383,15 @@ func checkArgs(op, key string, fnNil bool) error {
 // itself if that call rolled back; under [Config.NoWait] it returns an
 // error matching [ErrInFlight] at once.
 //
-// fn's error is final unless marked with [Transient]: its writes roll back
-// (to a savepoint set before fn), its message is stored, and Do returns an
-// error matching [ErrFailed] that wraps it; later calls replay an error
-// with the same message that matches ErrFailed. A transient error rolls
+// fn's error is final unless marked with [Transient]: its writes roll back,
+// its message is stored, and Do returns an error matching [ErrFailed] that
+// wraps it; later calls replay an error with the same message that matches
+// ErrFailed. In a transaction of its own, Do rolls fn's writes back with
+// the whole transaction and stores the message in another: a duplicate
+// that waited for the key may take it in between and run fn itself, and
+// then both calls return that call's answer. When the message cannot be
+// stored (ctx ended, a database error), Do returns an error that wraps fn's
+// and does not match ErrFailed, and a retry runs fn again. A transient error rolls
 // everything back and is returned as it is; so, without a mark, is an error
 // that comes with ctx's end, a database or network error, an error matching
 // [contend.ErrConflict] or [contend.ErrLockLost] (a nested guard's lost
@@ -406,18 +433,17 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 	)
 	attempts, err := txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
 		rec, out, final, fnErr = nil, nil, nil, nil
-		r, taken, err := s.take(ctx, tx, key, fingerprint, s.retention)
-		if err != nil {
+		var err error
+		if rec, err = s.take(ctx, tx, key, fingerprint, s.retention); err != nil {
 			return err
-		}
-		if !taken {
-			rec = r
-			return errNotTaken
 		}
 		rep.obtained(ctx, 0)
-		savepoint := savepointName()
-		if _, err := exec(ctx, tx, "SAVEPOINT "+savepoint); err != nil {
-			return err
+		var savepoint string
+		if !h.Owned() {
+			savepoint = savepointName()
+			if _, err := exec(ctx, tx, "SAVEPOINT "+savepoint); err != nil {
+				return err
+			}
 		}
 		answer, ferr := fn(ctx)
 		state := int64(stateDone)
@@ -426,12 +452,16 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 				fnErr = ferr
 				return ferr
 			}
+			final = ferr
+			if h.Owned() {
+				return errFinal
+			}
 			if _, err := exec(ctx, tx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
 				return errors.Join(ferr, err)
 			}
-			final, state, answer = ferr, stateFailed, []byte(ferr.Error())
+			state, answer = stateFailed, []byte(ferr.Error())
 		}
-		n, err := exec(ctx, tx, s.recordSQL, state, answer, micros(s.retention), key)
+		n, err := exec(ctx, tx, s.answerSQL, state, answer, key)
 		if err != nil {
 			return fmt.Errorf("idempotency: do %q: store the answer: %w", key, err)
 		}
@@ -449,6 +479,8 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 		answer, replayed, err = s.answerOf(key, fingerprint, rec)
 		rep.answered(ctx, replayed, err)
 		return answer, replayed, err
+	case errors.Is(err, errFinal) && final != nil:
+		return s.recordFailure(ctx, rep, key, fingerprint, final)
 	case err != nil:
 		if !errors.Is(err, ErrInFlight) && context.Cause(ctx) == nil && (fnErr == nil || err != fnErr) {
 			err = fmt.Errorf("idempotency: do %q: %w", key, err)
@@ -464,6 +496,47 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 	return out, false, nil
 }
 
+// errFinal ends a transaction of the Store's own whose fn returned a final
+// error: it rolls back, fn's writes with the key's record, and the error
+// is recorded after (see Store.recordFailure).
+var errFinal = errors.New("idempotency: final error")
+
+// recordFailure records fn's final error under key, in a transaction of its
+// own, after the transaction fn ran in rolled back. The key was free for
+// that moment: a duplicate that waited for it may have taken it, and run
+// fn itself. Then that call's record is the key's, and this call answers
+// from it, as every later call will, so that every caller with the key
+// gets the same answer.
+func (s *Store) recordFailure(ctx context.Context, rep *report, key, fingerprint string, final error) ([]byte, bool, error) {
+	var rec *record
+	msg := []byte(final.Error())
+	_, err := txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
+		rec = nil
+		var err error
+		if rec, err = s.take(ctx, tx, key, fingerprint, s.retention); err != nil {
+			return err
+		}
+		n, err := exec(ctx, tx, s.answerSQL, int64(stateFailed), msg, key)
+		if err == nil && n != 1 {
+			err = fmt.Errorf("the record this transaction holds is gone (%d rows)", n)
+		}
+		return err
+	})
+	rep.released(ctx, final)
+	switch {
+	case errors.Is(err, errNotTaken) && rec != nil:
+		return s.answerOf(key, fingerprint, rec)
+	case err != nil:
+		// fn's writes rolled back, and nothing is stored: a retry runs fn
+		// again, as after a transient error.
+		if context.Cause(ctx) == nil {
+			err = fmt.Errorf("idempotency: do %q: record fn's final error: %w", key, err)
+		}
+		return nil, false, fmt.Errorf("%w (fn's final error, not recorded: %w)", err, final)
+	}
+	return nil, false, &failedError{msg: final.Error(), err: final}
+}
+
 // Expire removes the records whose retention ended (and the records of
 // external calls whose lease ended: such a key's next call runs fn again
 // either way), in batches of at most batch rows, each one statement and
@@ -476,6 +549,12 @@ func (s *Store) Do(ctx context.Context, key, fingerprint string, fn func(ctx con
 // conflict), or from a cron job: nothing else removes records, and a
 // table nobody expires grows with every key. On a transaction (db is one)
 // it runs in that transaction.
+//
+// With a [Config.Observer], Expire reports an [contend.EventExpired] for
+// each record it removed, after its batch committed. On MySQL and MariaDB,
+// whose DELETE cannot return what it removed, each batch is then two
+// statements in a transaction (the expired keys read and locked, then
+// removed by key), of at most 10,000 records.
 func (s *Store) Expire(ctx context.Context, batch int) (removed int64, err error) {
 	if batch < 0 {
 		return 0, fmt.Errorf("idempotency: expire: batch %d is negative: %w", batch, contend.ErrInvalid)
@@ -483,8 +562,17 @@ func (s *Store) Expire(ctx context.Context, batch int) (removed int64, err error
 	if batch == 0 {
 		batch = 1000
 	}
+	if s.observer != nil && s.dialect == sqldb.MySQL {
+		batch = min(batch, maxKeysPerStatement)
+	}
 	for {
-		n, err := exec(ctx, s.db, s.expireSQL, batch)
+		var n int64
+		var err error
+		if s.observer == nil {
+			n, err = exec(ctx, s.db, s.expireSQL, batch)
+		} else {
+			n, err = s.expireReporting(ctx, batch)
+		}
 		removed += n
 		if err != nil {
 			return removed, fmt.Errorf("idempotency: expire (after %d removed): %w", removed, err)
@@ -493,4 +581,81 @@ func (s *Store) Expire(ctx context.Context, batch int) (removed int64, err error
 			return removed, nil
 		}
 	}
+}
+
+// maxKeysPerStatement bounds the keys a statement lists as parameters
+// (MySQL takes at most 65,535).
+const maxKeysPerStatement = 10_000
+
+// expiredRecord is a record Expire removed, as its event tells it.
+type expiredRecord struct {
+	key   string
+	fence int64
+}
+
+// expireReporting removes one batch and reports each record it removed,
+// once they are gone for good: on PostgreSQL the batch's DELETE returns
+// them; MySQL's DELETE cannot, so a batch there is a transaction that
+// locks the expired records with their keys read, then removes those.
+func (s *Store) expireReporting(ctx context.Context, batch int) (int64, error) {
+	var gone []expiredRecord
+	var err error
+	if s.dialect == sqldb.MySQL {
+		_, err = txn.RunTx(ctx, s.db, s.opts, func(ctx context.Context, tx sqldb.Tx) error {
+			var err error
+			gone, err = queryExpired(ctx, tx, s.expiredSQL, batch)
+			if err != nil || len(gone) == 0 {
+				return err
+			}
+			args := make([]any, len(gone))
+			for i, g := range gone {
+				args[i] = g.key
+			}
+			del := s.removeSQL + " (?" + strings.Repeat(", ?", len(gone)-1) + ")"
+			n, err := exec(ctx, tx, del, args...)
+			if err == nil && n != int64(len(gone)) {
+				err = fmt.Errorf("%d of %d locked records removed", n, len(gone))
+			}
+			return err
+		})
+	} else {
+		gone, err = queryExpired(ctx, s.db, s.expireSQL+" RETURNING "+s.keyFence, batch)
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, g := range gone {
+		s.observer.Observe(ctx, contend.Event{Kind: contend.EventExpired, Strategy: strategy, Key: g.key, Fence: g.fence})
+	}
+	return int64(len(gone)), nil
+}
+
+// queryExpired runs query, which returns the key and fence of expired
+// records, watched (see txn.Watch), and returns its rows.
+func queryExpired(ctx context.Context, q sqldb.Querier, query string, batch int) ([]expiredRecord, error) {
+	var got []expiredRecord
+	err := txn.Watch(ctx, q, func() error {
+		rows, err := q.Query(ctx, query, batch)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		var rs []expiredRecord
+		for rows.Next() {
+			var r expiredRecord
+			if err := rows.Scan(&r.key, &r.fence); err != nil {
+				return err
+			}
+			rs = append(rs, r)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		got = rs
+		return nil
+	})
+	if err != nil {
+		return nil, preferCtx(ctx, err)
+	}
+	return got, nil
 }

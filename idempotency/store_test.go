@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -142,6 +143,69 @@ func TestDuplicateInFlight(t *testing.T) {
 					require.Equal(t, f.answer, sr.answer)
 				}
 				require.Equal(t, 1, e.effects(t, key))
+			}
+		}
+	})
+}
+
+// A final error while a duplicate waits: the first call's transaction rolls
+// back and its error is recorded in another, so the duplicate may take the
+// key in between and run fn. Either way both callers get the one answer
+// the key keeps, and the effects agree with it.
+func TestFinalErrorWhileDuplicateWaits(t *testing.T) {
+	forDrivers(t, func(t *testing.T, e *env) {
+		ctx := t.Context()
+		s := e.store(t, idempotency.Config{})
+		declined := errors.New("card declined")
+		for i := range 3 {
+			key := fmt.Sprintf("declined-%d", i)
+			started, release := make(chan struct{}), make(chan struct{})
+			type result struct {
+				answer   []byte
+				replayed bool
+				err      error
+			}
+			first := make(chan result, 1)
+			go func() {
+				a, r, err := s.Do(ctx, key, "fp", func(ctx context.Context) ([]byte, error) {
+					close(started)
+					<-release
+					return nil, declined
+				})
+				first <- result{a, r, err}
+			}()
+			<-started
+			second := make(chan result, 1)
+			go func() {
+				a, r, err := s.Do(ctx, key, "fp", e.effect(key, "fp"))
+				second <- result{a, r, err}
+			}()
+			time.Sleep(100 * time.Millisecond) // the duplicate waits on the key
+			close(release)
+			f, d := <-first, <-second
+			if errors.Is(f.err, idempotency.ErrFailed) {
+				// The failure was recorded first: the duplicate replays it.
+				require.ErrorIs(t, f.err, declined)
+				require.True(t, d.replayed)
+				require.ErrorIs(t, d.err, idempotency.ErrFailed)
+				require.Zero(t, e.effects(t, key))
+			} else {
+				// The duplicate took the key and ran fn: the first call
+				// answers with its answer.
+				require.NoError(t, f.err)
+				require.NoError(t, d.err)
+				require.True(t, f.replayed)
+				require.False(t, d.replayed)
+				require.Equal(t, d.answer, f.answer)
+				require.Equal(t, 1, e.effects(t, key))
+			}
+			require.Equal(t, 1, e.records(t, key))
+			_, replayed, err := s.Do(ctx, key, "fp", e.effect(key, "fp"))
+			require.True(t, replayed, "later calls replay what the key keeps")
+			if f.err != nil {
+				require.Equal(t, f.err.Error(), err.Error())
+			} else {
+				require.NoError(t, err)
 			}
 		}
 	})

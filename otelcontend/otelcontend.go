@@ -18,6 +18,7 @@
 //	contend.retries    counter        retry: attempts made again
 //	contend.losses     counter        lost: holds that ended before their holder let go
 //	contend.failures   counter        failed and dead-lettered: backend or handler errors
+//	contend.expired    counter        expired: records a cleanup removed (idempotency keys)
 //
 // Keys go on spans only: as a metric attribute they would make one series
 // per key.
@@ -57,6 +58,7 @@ type Observer struct {
 	retries    metric.Int64Counter
 	losses     metric.Int64Counter
 	failures   metric.Int64Counter
+	expired    metric.Int64Counter
 }
 
 var _ contend.Observer = (*Observer)(nil)
@@ -92,6 +94,7 @@ func New(mp metric.MeterProvider, tp trace.TracerProvider) (*Observer, error) {
 		{&o.retries, "contend.retries", "Attempts made again after a lost race or a deadlock."},
 		{&o.losses, "contend.losses", "Holds that ended before their holder let go."},
 		{&o.failures, "contend.failures", "Backend or handler failures, and jobs dead-lettered."},
+		{&o.expired, "contend.expired", "Records a cleanup removed once their time was up."},
 	}
 	for _, c := range counters {
 		if *c.c, err = m.Int64Counter(c.name, metric.WithUnit("{event}"), metric.WithDescription(c.about)); err != nil {
@@ -131,6 +134,10 @@ func (o *Observer) Observe(ctx context.Context, e contend.Event) {
 	case contend.EventFailed, contend.EventDeadLettered:
 		o.failures.Add(ctx, 1, attrs)
 		o.annotate(ctx, e, now)
+	case contend.EventExpired:
+		// A cleanup's, not a call's: no span of its own, and one event per
+		// record would flood the caller's.
+		o.expired.Add(ctx, 1, attrs)
 	}
 }
 

@@ -179,3 +179,13 @@ func TestRetriesAndFailuresAnnotateTheCallersSpan(t *testing.T) {
 	}
 	require.Equal(t, []string{"contend.retry", "contend.failed"}, names)
 }
+
+// A record a cleanup removed counts, and makes no span.
+func TestExpiredCounts(t *testing.T) {
+	e := setup(t)
+	for _, key := range []string{"a", "b"} {
+		e.obs.Observe(t.Context(), contend.Event{Kind: contend.EventExpired, Strategy: contend.StrategyIdempotency, Key: key, Fence: 7})
+	}
+	require.Equal(t, map[string]int64{"contend.expired": 2}, e.metrics(t))
+	require.Empty(t, e.spans.Ended())
+}

@@ -37,12 +37,16 @@ func TestQuickGrid(t *testing.T) {
 	rows, err := Run(t.Context(), o)
 	require.NoError(t, err)
 	// Every strategy of the run (the default ones, and a few on MariaDB)
-	// but pessimistic-noqueue on the hot key and spread keys from 8
-	// workers, for decrement and claim; shift's strategies on the spread
-	// keys only, and the think workloads' too.
-	base, shift, think := 0, 0, 0
+	// but pessimistic-noqueue and the retry storm's on the hot key and
+	// spread keys from 8 workers, for decrement and claim; shift's
+	// strategies on the spread keys only, and the think workloads' and the
+	// retry storm's too.
+	base, shift, think, storm := 0, 0, 0, 0
 	for _, s := range o.Strategies {
-		if s != "pessimistic-noqueue" {
+		switch {
+		case slices.Contains(stormStrategies, s):
+			storm++
+		case s != "pessimistic-noqueue":
 			base++
 		}
 		if slices.Contains(shiftStrategies, s) {
@@ -52,7 +56,8 @@ func TestQuickGrid(t *testing.T) {
 			think++
 		}
 	}
-	require.Len(t, rows, 2*2*base+shift+3*think)
+	require.Len(t, rows, 2*2*base+shift+3*think+storm)
+	require.Equal(t, len(stormStrategies), storm)
 	onMaria := map[string]int{} // library cells on MariaDB, by workload
 	for _, r := range rows {
 		// A MariaDB strategy is measured against the floor on its server.
@@ -65,7 +70,13 @@ func TestQuickGrid(t *testing.T) {
 			}
 		}
 		require.Empty(t, r.Skipped, r.name())
-		require.Empty(t, r.Violation, r.name())
+		if r.Strategy == "check-then-insert" {
+			// The control: two copies of a request at once both find no
+			// effect, in all but a rare cell.
+			require.Contains(t, r.verdict(), "expected", r.name())
+		} else {
+			require.Empty(t, r.Violation, r.name())
+		}
 		require.Zero(t, r.Errors, "%s: %s", r.name(), r.FirstError)
 		require.Positive(t, r.Successes, r.name())
 		// ops/s × the window counts the operations that ended inside it:
@@ -75,14 +86,16 @@ func TestQuickGrid(t *testing.T) {
 		require.False(t, r.failed(), r.name())
 	}
 	for _, wl := range allWorkloads {
-		require.Positive(t, onMaria[wl], "%s: no strategy ran on MariaDB", wl)
+		if wl != stormWorkload { // PostgreSQL only
+			require.Positive(t, onMaria[wl], "%s: no strategy ran on MariaDB", wl)
+		}
 	}
 	md, err := os.ReadFile(filepath.Join(out, "results.md"))
 	require.NoError(t, err)
 	require.Contains(t, string(md), "- shift, spread(100)→hot, 8 worker(s) × 1 process(es), total ops/s: raw ")
 	require.Contains(t, string(md), "- shift, spread(100)→hot, 8 worker(s) × 1 process(es), total ops/s: raw-mariadb ")
 	require.Contains(t, string(md), ", MariaDB ")
-	for _, f := range []string{"results.md", "decrement.svg", "claim.svg", "shift.svg", "shift.png"} {
+	for _, f := range []string{"results.md", "decrement.svg", "claim.svg", "shift.svg", "shift.png", "retry-storm.svg"} {
 		fi, err := os.Stat(filepath.Join(out, f))
 		require.NoError(t, err)
 		require.Positive(t, fi.Size(), f)
@@ -225,6 +238,8 @@ func TestVerdicts(t *testing.T) {
 		{row{cell: cell{Strategy: "atomic", Processes: 3}, Violation: "oversold 2"}, true},
 		{row{cell: cell{Strategy: "naive", Processes: 3}, Violation: "oversold 2"}, false},
 		{row{cell: cell{Strategy: "naive", Processes: 1}, Violation: "oversold 2"}, true},
+		{row{cell: cell{Strategy: "check-then-insert", Processes: 1}, Violation: "3 duplicate effects"}, false},
+		{row{cell: cell{Strategy: "idempotency", Processes: 1}, Violation: "3 duplicate effects"}, true},
 		{row{cell: cell{Strategy: "naive", Processes: 3}, Errors: 1}, true},
 		{row{cell: cell{Strategy: "queue", Processes: 3}, Skipped: "one process"}, false},
 	} {
@@ -431,4 +446,41 @@ func TestAdaptiveSummary(t *testing.T) {
 	rows[len(rows)-1].Throughput = 2400
 	require.Contains(t, adaptiveSummary(rows), "adaptive at 0.96× the better fixed guard (optimistic-guard): it does not beat both fixed guards.")
 	require.Contains(t, summary(rows), "adaptive at 0.95× pessimistic")
+}
+
+// The retry storm: the store and the unique insert keep one effect per
+// request and answer every copy alike, from one process and from several;
+// the check-then-insert control shows duplicates and split answers, and
+// they do not fail the run.
+func TestRetryStorm(t *testing.T) {
+	t.Parallel()
+	for _, procs := range []int{1, 2} {
+		rows, err := Run(t.Context(), Options{
+			Duration:  300 * time.Millisecond,
+			Workers:   []int{8},
+			Keys:      []int{1, 100},
+			Workloads: []string{stormWorkload},
+			Processes: procs,
+		})
+		require.NoError(t, err)
+		require.Len(t, rows, len(stormStrategies), "one cell per strategy: the key counts do not apply")
+		for _, r := range rows {
+			require.Zero(t, r.Errors, "%s: %s", r.name(), r.FirstError)
+			require.Positive(t, r.Successes, r.name())
+			require.False(t, r.failed(), "%s: %s", r.name(), r.verdict())
+			if r.Strategy == "check-then-insert" {
+				require.Contains(t, r.Violation, "duplicate effects", r.name())
+				require.Contains(t, r.Violation, "answered two ways", r.name())
+				continue
+			}
+			require.Empty(t, r.Violation, r.name())
+			if r.Strategy == "idempotency" {
+				// Its ×raw is over unique-insert's (ops/s may be 0 on a
+				// loaded machine, when no request ended inside the window).
+				_, ok := sibling(rows, r, floor(r.Strategy))
+				require.True(t, ok, "%s: no unique-insert beside it", r.name())
+				require.Equal(t, "unique-insert", floor(r.Strategy))
+			}
+		}
+	}
 }

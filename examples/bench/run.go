@@ -44,6 +44,8 @@ type cell struct {
 
 func (c cell) keyChoice() string {
 	switch {
+	case c.Workload == stormWorkload:
+		return "fresh"
 	case c.Keys == 1:
 		return "hot"
 	case c.Workload == "shift":
@@ -63,6 +65,14 @@ func (c cell) keyChoice() string {
 // pessimistic-noqueue.
 func (c cell) inGrid() bool {
 	switch {
+	case c.Workload == stormWorkload:
+		// Its keys are its requests, fresh each time: one cell per worker
+		// count, on the spread keys; from 8 workers, where requests and
+		// their copies contend (one worker would add cells, and time to
+		// the run, for one request at a time).
+		return c.Keys > 1 && c.Workers >= 8 && slices.Contains(stormStrategies, c.Strategy)
+	case slices.Contains(stormStrategies, c.Strategy):
+		return false
 	case thinks(c.Workload):
 		return c.Keys > 1 && c.Workers >= 8 && slices.Contains(thinkStrategies, c.Strategy)
 	case c.Strategy == "pessimistic-noqueue":
@@ -169,6 +179,8 @@ func (c cell) poolSize() int {
 type outcome struct {
 	harness.Result
 	Retries int64 `json:"retries"`
+	// Split counts the retry storm's requests answered two ways.
+	Split int64 `json:"split"`
 	// InWindow counts the operations, successes and lost races, that ended
 	// inside the timed window: Result also counts those still in flight at
 	// the deadline, which ran on into the drain, and its Elapsed includes
@@ -332,6 +344,7 @@ func openMariaDB(url string) (*sqlx.DB, error) {
 func runCell(ctx context.Context, admins servers, e env, c cell, d time.Duration) (row, error) {
 	admin := admins.of(c.Strategy)
 	r := row{cell: c}
+	var err error
 	if c.Strategy == "queue" && c.Processes > 1 {
 		// The in-memory queue orders a key's operations within its process
 		// only; across processes it would be measuring something else.
@@ -339,12 +352,16 @@ func runCell(ctx context.Context, admins servers, e env, c cell, d time.Duration
 		return r, nil
 	}
 	keys := c.keys()
-	if err := createTable(ctx, admin, dialectOf(c.Strategy), c.Workload, keys); err != nil {
+	if c.Workload == stormWorkload {
+		err = createStormTables(ctx, admin, c.Strategy)
+	} else {
+		err = createTable(ctx, admin, dialectOf(c.Strategy), c.Workload, keys)
+	}
+	if err != nil {
 		return r, err
 	}
 	e.RedisPrefix += c.name() + ":"
 	var out outcome
-	var err error
 	if c.Processes <= 1 {
 		out, err = runLocal(ctx, e, c, keys, d, nil)
 	} else {
@@ -414,6 +431,7 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 		return outcome{}, fmt.Errorf("%s/%s: %s", c.Workload, c.Strategy, out.Stalled)
 	}
 	out.Retries = cnt.retries.Load()
+	out.Split = cnt.split.Load()
 	return out, nil
 }
 
@@ -534,6 +552,7 @@ func (out *outcome) merge(o outcome) {
 	out.FirstErrors = append(out.FirstErrors, o.FirstErrors...)
 	out.Elapsed = max(out.Elapsed, o.Elapsed)
 	out.Retries += o.Retries
+	out.Split += o.Split
 	// The processes start together and time the same window.
 	out.InWindow += o.InWindow
 	out.Window = max(out.Window, o.Window)
@@ -548,6 +567,11 @@ func (out *outcome) merge(o outcome) {
 func check(ctx context.Context, admin *sqlx.DB, r *row, out outcome) error {
 	var broken []string
 	switch operation(r.Workload) {
+	case stormWorkload:
+		var err error
+		if broken, err = checkStorm(ctx, admin, out); err != nil {
+			return err
+		}
 	case "decrement":
 		var rows []struct {
 			ID    string `db:"id"`

@@ -33,6 +33,7 @@ import (
 // strategies are their namesakes on MariaDB, beside raw-mariadb, their floor.
 var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "pessimistic-noqueue", "optimistic", "optimistic-guard", "adaptive",
 	"distlock", "poll", "redislock", "redsync", "queue", "naive",
+	"unique-insert", "idempotency", "check-then-insert",
 	"raw-mariadb", "atomic-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
 
 // defaultStrategies run unless the strategies are named: all but the
@@ -62,6 +63,8 @@ func onMariaDB(strategy string) bool { return strings.HasSuffix(strategy, "-mari
 // and MariaDB are themselves measured against raw.
 func floor(strategy string) string {
 	switch {
+	case slices.Contains(stormStrategies, strategy):
+		return "unique-insert"
 	case strategy == "raw-pgx" || strategy == "raw-mariadb":
 		return "raw"
 	case pgxNative(strategy):
@@ -74,11 +77,12 @@ func floor(strategy string) string {
 
 // The workloads: "decrement stock if available", "claim a job once", and
 // "shift", a decrement whose keys turn from spread to hot halfway through the
-// cell (see shiftPicker); and three decrements whose fn waits thinkTime
+// cell (see shiftPicker); three decrements whose fn waits thinkTime
 // between its read and its write, on a pool of thinkPool connections:
 // "think" on spread keys, "mixed" with mixedHot of its calls on one hot key
-// (see mixedPicker), and "shift-think", shift with the wait.
-var allWorkloads = []string{"decrement", "claim", "shift", "think", "mixed", "shift-think"}
+// (see mixedPicker), and "shift-think", shift with the wait; and the retry
+// storm (see stormWorkload), each request sent three times.
+var allWorkloads = []string{"decrement", "claim", "shift", "think", "mixed", "shift-think", stormWorkload}
 
 // thinkTime is what the think workloads' fn waits between its read and its
 // write, holding whatever its strategy holds: a stand-in for a call to
@@ -111,7 +115,7 @@ var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-g
 // workloads sell, as decrement does; only the keys they sell and the wait
 // in fn differ.
 func operation(workload string) string {
-	if workload == "claim" {
+	if workload == "claim" || workload == stormWorkload {
 		return workload
 	}
 	return "decrement"
@@ -268,6 +272,9 @@ type counters struct {
 	// (optimistic: attempts − 1, from Config.Observer; the guards of
 	// countsRetries: fn's runs − 1, from retried).
 	retries stdatomic.Int64
+	// split counts the retry storm's requests whose copies got different
+	// answers.
+	split stdatomic.Int64
 }
 
 // countsRetries reports whether strategy counts its retries.
@@ -300,6 +307,10 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 	}
 	workload = operation(workload)
 	nothing := func() {}
+	if workload == stormWorkload {
+		op, err := stormOp(b.db, b.h, strategy, c)
+		return op, nothing, err
+	}
 	observe := contend.ObserverFunc(func(_ context.Context, e contend.Event) {
 		if e.Kind != contend.EventRetry { // one event ends each call
 			c.retries.Add(int64(e.Attempts - 1))

@@ -17,6 +17,9 @@ import (
 type MariaDBImpl struct {
 	Name string
 	New  func(b *testing.B, h testserver.MariaDBHandle) func(ctx context.Context, key string) error
+	// Report, when set, runs after each cell's operations, to report
+	// metrics of the impl's own (b.ReportMetric).
+	Report func(b *testing.B)
 }
 
 // MariaDBWorkers are the worker counts of the MariaDB benchmarks.
@@ -38,6 +41,9 @@ func OnMariaDB(b *testing.B, setup func(b testing.TB, db *sqlx.DB, keys []string
 							setup(b, h.DB, w.Keys)
 							op := impl.New(b, h)
 							Parallel(b, workers, func(ctx context.Context) error { return op(ctx, w.Pick()) })
+							if impl.Report != nil {
+								impl.Report(b)
+							}
 						})
 					}
 				})
