@@ -77,11 +77,11 @@
 // strategy does, except the naive control where it is expected to break
 // (more than one process).
 //
-//	go run ./examples/bench                  # the default grid, about 2½ minutes on 2 cores
+//	go run ./examples/bench                  # the default grid, about 3 minutes on 2 cores
 //	go run ./examples/bench -quick           # the smoke run CI executes
 //	go run ./examples/bench -processes 3 -strategies atomic,naive
 //	go run ./examples/bench -rounds 3        # each cell's median of three passes over the grid
-//	go run ./examples/bench -mariadb         # the default grid and the MariaDB strategies, about 3 minutes
+//	go run ./examples/bench -mariadb         # the default grid and the MariaDB strategies, about 3½ minutes
 //
 // It writes results.md and one chart per workload (SVG and PNG: throughput
 // and p99 against workers, hot key beside spread keys) to -out. Servers are
@@ -108,7 +108,7 @@ import (
 // Options is one run of the suite.
 type Options struct {
 	// Duration is how long each cell runs. Default: 500ms, so that the
-	// default grid (221 cells) takes about two and a half minutes; a
+	// default grid (221 cells) takes about three minutes; a
 	// longer one (-duration 2s) and more rounds give steadier ratios.
 	Duration time.Duration
 	// Workers are the goroutine counts, per process. Default: 1, 8, 64.
