@@ -26,7 +26,7 @@ import (
 func mysqlPlan(table, key, owner, lease string) plan {
 	var (
 		free       = owner + " IS NULL"
-		claimSQL   = fmt.Sprintf("UPDATE %s SET %s = ? WHERE %s = ? AND %s IS NULL", table, owner, key, owner)
+		claimSQL   = fmt.Sprintf("UPDATE %s SET %s = ? WHERE %s = ? AND %s", table, owner, key, free)
 		claimOrder = []int{argToken, argKey}
 		releaseSQL = fmt.Sprintf("UPDATE %s SET %s = NULL WHERE %s = ? AND %s = ?", table, owner, key, owner)
 		extendSQL  string
@@ -34,8 +34,7 @@ func mysqlPlan(table, key, owner, lease string) plan {
 	if lease != "" {
 		deadline := "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND"
 		free = fmt.Sprintf("(%s IS NULL OR %s < UTC_TIMESTAMP(6))", owner, lease)
-		claimSQL = fmt.Sprintf("UPDATE %s SET %s = ?, %s = %s WHERE %s = ? AND (%s IS NULL OR %s < UTC_TIMESTAMP(6))",
-			table, owner, lease, deadline, key, owner, lease)
+		claimSQL = fmt.Sprintf("UPDATE %s SET %s = ?, %s = %s WHERE %s = ? AND %s", table, owner, lease, deadline, key, free)
 		claimOrder = []int{argToken, argLease, argKey}
 		releaseSQL = fmt.Sprintf("UPDATE %s SET %s = NULL, %s = NULL WHERE %s = ? AND %s = ?", table, owner, lease, key, owner)
 		// As on PostgreSQL, an expired claim is not revived.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -130,19 +131,26 @@ func TestExternalStalledCallIsFencedOut(t *testing.T) {
 		require.GreaterOrEqual(t, time.Since(began), lease, "the lease is kept by a timer: not ended early")
 		require.Less(t, time.Since(began), lease+2*time.Second)
 
-		// The server's lease ends a little after fn's ctx did.
-		var fresh int64
+		// The server's lease ends a little after fn's ctx did. The stalled
+		// call completes while the fresh one holds the key, in flight: only
+		// its fence tells the two apart.
+		var (
+			fresh int64
+			r     result
+			once  sync.Once
+		)
 		require.Eventually(t, func() bool {
 			_, _, err := s.DoExternal(ctx, "k", "fp", func(_ context.Context, fence int64) ([]byte, error) {
 				fresh = fence
+				once.Do(func() {
+					close(late)
+					r = <-stale
+				})
 				return []byte("fresh"), nil
 			})
 			return err == nil
 		}, 5*time.Second, 50*time.Millisecond)
 		require.Greater(t, fresh, staleFence)
-
-		close(late)
-		r := <-stale
 		require.ErrorIs(t, r.err, idempotency.ErrFenced)
 		require.ErrorIs(t, r.err, contend.ErrLockLost)
 		require.Equal(t, "stale", string(r.answer), "the refused call still gets fn's answer")

@@ -87,8 +87,8 @@ var mutants = []mutant{
 	{
 		Name:   "atomic/claim-mysql-lease-takeover",
 		File:   "atomic/claim_mysql.go",
-		Old:    "(%s IS NULL OR %s < UTC_TIMESTAMP(6))",
-		New:    "(%s IS NULL OR %s < UTC_TIMESTAMP(6) + INTERVAL 1 DAY)",
+		Old:    `free = fmt.Sprintf("(%s IS NULL OR %s < UTC_TIMESTAMP(6))", owner, lease)`,
+		New:    `free = fmt.Sprintf("(%s IS NULL OR %s < UTC_TIMESTAMP(6) + INTERVAL 1 DAY)", owner, lease)`,
 		Pkg:    "./atomic",
 		Run:    "TestLeaseOnMariaDB",
 		Breaks: "on MySQL too, a claim can be taken over only once its lease has passed",
@@ -424,8 +424,8 @@ var mutants = []mutant{
 	{
 		Name:   "idempotency/fenced-record",
 		File:   "idempotency/store.go",
-		Old:    `s.fencedSQL = fmt.Sprintf("%s AND %s = %s AND %s = %d", s.recordSQL, n.fence, p(5), n.state, stateInFlight)`,
-		New:    `s.fencedSQL = s.recordSQL + fmt.Sprint(" AND ", p(5), " = ", p(5))`,
+		Old:    `n.key, p(4), n.fence, p(5), n.state, stateInFlight)`,
+		New:    `n.key, p(4), "("+n.fence, p(5)+" OR TRUE)", n.state, stateInFlight)`,
 		Pkg:    "./idempotency",
 		Run:    "TestExternalStalledCallIsFencedOut",
 		Breaks: "an external call whose lease ended and whose key was taken has its late answer refused",
