@@ -77,7 +77,10 @@ func TestAdvisoryWaits(t *testing.T) {
 		require.ErrorIs(t, err, contend.ErrConflict, "the lock timeout ends the wait")
 		require.ErrorContains(t, err, "lock timeout")
 
-		short, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		// Long enough that a loaded machine reaches the wait before the
+		// deadline: a ctx that ends sooner (in BEGIN, say) is only ctx's
+		// error, no conflict.
+		short, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 		defer cancel()
 		err = advisory(t, db, pessimistic.AdvisoryConfig{}).Do(short, key, func(context.Context) error { return nil })
 		require.ErrorIs(t, err, context.DeadlineExceeded)
