@@ -645,8 +645,11 @@ func (q *Queue) consume(ctx context.Context, p int, l *distlock.Lock, quit <-cha
 		defer cancel()
 		_ = l.Release(rctx)
 		// This instance's consumer goes when it has nothing pending; else
-		// the next owner deletes it once it has claimed its entries.
-		_ = dropConsumer.Run(rctx, q.rdb, []string{stream}, group, q.consumer).Err()
+		// the next owner deletes it once it has claimed its entries. On a
+		// second of its own: a slow release must not leave it behind.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = dropConsumer.Run(dctx, q.rdb, []string{stream}, group, q.consumer).Err()
 	}()
 	hctx := context.WithValue(held, fenceKey{}, l.Fence())
 	on := func() bool { return hctx.Err() == nil && !isClosed(quit) }
