@@ -206,29 +206,12 @@ func read(ctx context.Context, q sqldb.Querier, query, key string) (rec *record,
 // scanRow runs a query that returns at most one row and scans it into dest,
 // watched (see txn.Watch) where the driver's statements do not end with ctx.
 func scanRow(ctx context.Context, q sqldb.Querier, query string, args []any, dest ...any) error {
-	if !txn.NeedsWatch(ctx, q) {
-		return preferCtx(ctx, q.QueryRow(ctx, query, args...).Scan(dest...))
-	}
-	return preferCtx(ctx, txn.Watch(ctx, q, func() error {
-		return q.QueryRow(ctx, query, args...).Scan(dest...)
-	}))
+	return txn.PreferCtx(ctx, txn.WatchScan(ctx, q, query, args, dest))
 }
 
 func exec(ctx context.Context, q sqldb.Querier, query string, args ...any) (int64, error) {
 	n, err := txn.WatchExec(ctx, q, query, args)
-	return n, preferCtx(ctx, err)
-}
-
-// preferCtx makes a statement's failure match ctx's error when ctx has
-// ended, whatever the driver made of it.
-func preferCtx(ctx context.Context, err error) error {
-	if err == nil || sqldb.NoRows(err) {
-		return err
-	}
-	if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
-		return fmt.Errorf("%w (%w)", cerr, err)
-	}
-	return err
+	return n, txn.PreferCtx(ctx, err)
 }
 
 func micros(d time.Duration) int64 { return int64(d / time.Microsecond) }
@@ -655,7 +638,7 @@ func queryExpired(ctx context.Context, q sqldb.Querier, query string, batch int)
 		return nil
 	})
 	if err != nil {
-		return nil, preferCtx(ctx, err)
+		return nil, txn.PreferCtx(ctx, err)
 	}
 	return got, nil
 }

@@ -169,12 +169,7 @@ func checkKey(op string, key any) error {
 // which must not be read when it fails: the statement may be left to finish
 // on its own (see txn.Watch).
 func scanRow(ctx context.Context, q sqldb.Querier, query string, args []any, dest ...any) error {
-	if !txn.NeedsWatch(ctx, q) {
-		return preferCtx(ctx, q.QueryRow(ctx, query, args...).Scan(dest...))
-	}
-	return preferCtx(ctx, txn.Watch(ctx, q, func() error {
-		return q.QueryRow(ctx, query, args...).Scan(dest...)
-	}))
+	return txn.PreferCtx(ctx, txn.WatchScan(ctx, q, query, args, dest))
 }
 
 // execApplied runs a statement and reports whether it affected exactly one
@@ -182,23 +177,7 @@ func scanRow(ctx context.Context, q sqldb.Querier, query string, args []any, des
 func execApplied(ctx context.Context, q sqldb.Querier, query string, args ...any) (bool, error) {
 	n, err := txn.WatchExec(ctx, q, query, args)
 	if err != nil {
-		return false, preferCtx(ctx, err)
+		return false, txn.PreferCtx(ctx, err)
 	}
 	return n == 1, nil
-}
-
-// preferCtx makes a statement's failure match ctx's error when ctx has
-// ended. Drivers report a statement that ctx cut short in their own ways:
-// pgx's stdlib says driver.ErrBadConn when ctx ended before the statement was
-// sent (database/sql retries that on a pool, not on a *sql.Conn or a
-// transaction), and a transaction that database/sql rolled back on ctx's end
-// says sql.ErrTxDone. Callers match ctx's error, whichever it was.
-func preferCtx(ctx context.Context, err error) error {
-	if err == nil || sqldb.NoRows(err) {
-		return err
-	}
-	if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
-		return fmt.Errorf("%w (%w)", cerr, err)
-	}
-	return err
 }

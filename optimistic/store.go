@@ -283,7 +283,7 @@ func (s *Store[T]) Update(ctx context.Context, key string, fn func(*T) error) (T
 			// a busy pool that cut the attempts per success several-fold.
 			c, cerr := s.db.Acquire(ctx)
 			if cerr != nil {
-				return preferCtx(ctx, cerr)
+				return txn.PreferCtx(ctx, cerr)
 			}
 			defer func() {
 				if errors.Is(err, txn.ErrNoAnswer) {

@@ -458,6 +458,22 @@ func WatchScan(ctx context.Context, q sqldb.Querier, query string, args, dest []
 	return err
 }
 
+// PreferCtx makes a statement's failure match ctx's error when ctx has
+// ended. Drivers report a statement that ctx cut short in their own ways:
+// pgx's stdlib says driver.ErrBadConn when ctx ended before the statement was
+// sent (database/sql retries that on a pool, not on a *sql.Conn or a
+// transaction), and a transaction that database/sql rolled back on ctx's end
+// says sql.ErrTxDone. Callers match ctx's error, whichever it was.
+func PreferCtx(ctx context.Context, err error) error {
+	if err == nil || sqldb.NoRows(err) {
+		return err
+	}
+	if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
+		return fmt.Errorf("%w (%w)", cerr, err)
+	}
+	return err
+}
+
 // A watcher runs a watched call on a goroutine of its own: call, or else a
 // statement, q's or stmt's, or a read of q's into dest. Watchers are
 // reused, channel and all, once their call's answer has been read.
