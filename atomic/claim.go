@@ -15,6 +15,7 @@ import (
 	"github.com/contend/contend/internal/inflight"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/keyrate"
+	"github.com/contend/contend/internal/readshare"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/sqlident"
@@ -98,13 +99,20 @@ const (
 // A key whose claims keep losing (about half of this Claimer's recent
 // claims of it, outside a transaction) is read before it is claimed: a
 // plain read that takes no lock and waits for none. When it finds the key
-// held, the claim fails with [contend.ErrConflict] at once, without the
-// write (the key was held as the read ran, which is all a lost race says
-// either); when it finds no row, with [contend.ErrNotFound]; when it finds
-// the key free, the claim is made as on any key, and a winner pays two round
-// trips instead of one. A key claimed by one caller at a time never turns
-// hot, however often it is claimed. Which keys are hot is remembered per
-// Claimer, in memory bounded whatever the keys (a few tens of kilobytes).
+// held, the claim fails with [contend.ErrConflict] without the write (the
+// key was held as the read ran, which is all a lost race says either);
+// when it finds no row, with [contend.ErrNotFound]; when it finds the key
+// free, the claim is made as on any key, and a winner pays two round trips
+// instead of one. The claims of a hot key that one Claimer makes at once
+// share that read: at most one is in flight per key, and a claim takes the
+// answer only of a read that began after the claim did, so a claim that
+// comes while one is in flight waits for it to end and shares the next.
+// Such a claim waits for at most the read in flight and the one it shares
+// (once more if the claim that sent its read gave up before the answer
+// came), never past its ctx, and holds no connection while it waits. A key
+// claimed by one caller at a time never turns hot, however often it is
+// claimed. Which keys are hot is remembered per Claimer, in memory bounded
+// whatever the keys (a few tens of kilobytes).
 //
 // A claim lasts until released or, with a lease column, until its lease
 // passes. Without a lease a crashed holder's claim stays until cleared by
@@ -143,6 +151,9 @@ type Claimer struct {
 	// claimed (claimRow). It is the one owner of that state. nil on a
 	// transaction, whose claims always run the claim's statement.
 	losses *keyrate.Table
+	// reads are the reads of hot keys, shared by the claims that want them
+	// at once (readKey). nil on a transaction, as losses.
+	reads *readshare.Reads
 
 	prep  firstuse.Step                // prepares stmts at the first call
 	stmts syncatomic.Pointer[prepared] // nil until prepared; set once
@@ -219,6 +230,7 @@ func NewClaimer(db contend.DB, cfg ClaimerConfig) (*Claimer, error) {
 	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, table: cfg.Table, observer: cfg.Observer}
 	if !c.onTx {
 		c.losses = keyrate.New(keyrate.Config{Window: lossWindow, Enter: lossEnter, Leave: lossLeave, Keys: lossKeys})
+		c.reads = readshare.New(c.readKey)
 	}
 	if lease != "" {
 		c.lease = cfg.Lease
@@ -539,8 +551,11 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 		// (On PostgreSQL a losing UPDATE waits only for a claim being
 		// committed, which the read sees free: the claim then waits as
 		// before.) A held key was held as the read ran, which is all a
-		// lost claim says either.
-		switch n, err := c.exec(ctx, nil, st.read, 1, key, ""); {
+		// lost claim says either. The claims of this Claimer that want
+		// the key at once share one read, which began after each of them
+		// did (readshare), so the others sleep instead of each sending
+		// one, and "held" was still true within each one's call.
+		switch n, err := c.reads.Do(ctx, key); {
 		case err != nil:
 			return fmt.Errorf("atomic: claim %q: %w", key, err)
 		case n == readMissing:
@@ -570,6 +585,13 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 		return nil
 	}
 	return &heldError{key}
+}
+
+// readKey reads key's row outside any transaction, for the claims of a hot
+// key (claimRow), which share it: it answers readHeld, readFree or
+// readMissing. Its claims prepared the statements first.
+func (c *Claimer) readKey(ctx context.Context, key string) (int64, error) {
+	return c.exec(ctx, nil, c.stmts.Load().read, 1, key, "")
 }
 
 // mayHaveClaimed reports whether a claim statement that failed with err

@@ -21,7 +21,11 @@
 // A Claimer reads a key whose claims keep losing before it claims it, so
 // that on a hot key the many losers of each round pay a plain read, which
 // takes no lock, instead of the write; winners on keys claimed one at a
-// time keep their single statement.
+// time keep their single statement. The claims of a hot key that one
+// Claimer makes at once share that read, one in flight at a time, each
+// taking only the answer of a read that began after it did: the others
+// sleep, holding no connection, for at most the read in flight and their
+// own, never past their ctx.
 //
 // Limits: the rule must fit in one row (or one statement). A decision that
 // reads several rows or tables needs a transaction (package pessimistic or

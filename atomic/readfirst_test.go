@@ -227,12 +227,17 @@ func TestReadFirstUnderContention(t *testing.T) {
 					}
 				}
 				r := contendFor(t, claims)
-				t.Logf("%+v", r)
+				reads := atomic.ReadsSent(instances[0]) + atomic.ReadsSent(instances[1])
+				t.Logf("%+v, %d shared reads", r, reads)
 				require.Zero(t, r.twoOwners, "a claim was made while another held the key")
 				require.Zero(t, r.lost, "a claim made was gone at its release")
 				require.Zero(t, r.notFound, "the key's row was taken for missing")
 				require.Positive(t, r.wins)
 				require.Greater(t, r.conflicts, r.wins, "the key was not hot")
+				require.Positive(t, reads, "the key's claims were never read first")
+				for _, c := range instances {
+					require.Zero(t, atomic.ReadCallers(c, "hot"), "a read outlived its claims")
+				}
 
 				// Both instances read the key first now: held and locked,
 				// each answers ErrConflict without waiting for the lock.
