@@ -56,7 +56,8 @@ type ClaimerConfig struct {
 	// strategy "atomic" (Attempts is always 1: a claim is one try, never
 	// retried):
 	//   - Obtained when Claim, ClaimAs or Do makes a claim (Wait is how long
-	//     its statements took: one, or on a hot key the read and the claim);
+	//     it took: its statement, or on a hot key also the read it waited
+	//     for and shared);
 	//   - Conflict when the key was claimed already (Err is the error
 	//     returned);
 	//   - Released when Release or the end of Do clears the claim (Hold
