@@ -56,10 +56,14 @@
 // twice as long as it then held it: the race it would have lost without
 // the lock. So a key with two or three callers of one process at once
 // measures alike in both modes. A key goes locked when the rate reaches 0.2
-// and back when it falls to 0.05, and stays at least half a window in a
-// mode before it moves again: the gap between the thresholds and that stay
-// keep a key whose rate hovers near one of them from flapping. These are
-// fixed, not settings. [Guard.Mode] says what a key's next call will do.
+// and back when it falls to 0.05, and once it has moved stays at least half
+// a window in its new mode before it moves again: the gap between the
+// thresholds and that stay keep a key whose rate hovers near one of them
+// from flapping. A key new to the Guard moves as soon as its rate reaches
+// 0.2, eight lost races in a row. These are fixed, not settings. A call
+// whose key went under the lock while it waited for a connection, or
+// while it retried, goes on locked. [Guard.Mode] says what a key's next
+// call will do.
 //
 // Memory is bounded: the rates live in a fixed table of [Config.Keys] slots,
 // in pairs found by a hash of the key. A key whose pair is full takes the

@@ -171,9 +171,18 @@ func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx contex
 		runs++
 		// A call that lost a race on a key that has since gone under the
 		// lock would go on losing to the lock's holders, each of which
-		// moves the version: it joins them instead.
-		if runs > 1 && !g.pinned && g.stats.record(key, 1, 1) == Pessimistic {
-			return errToLock
+		// moves the version: it joins them instead. So does a call whose
+		// key went under the lock while it waited for a connection, before
+		// fn's first run: on a key that just turned hot, those are the
+		// calls that came meanwhile, and each would hold its connection
+		// through a run of fn that the lock's holders make it lose.
+		if !g.pinned {
+			if runs > 1 && g.stats.record(key, 1, 1) == Pessimistic {
+				return errToLock
+			}
+			if runs == 1 && g.stats.mode(key) == Pessimistic {
+				return errToLock
+			}
 		}
 		fnErr = fn(ctx)
 		return fnErr

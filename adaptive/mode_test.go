@@ -149,3 +149,43 @@ func TestTwoCallersKeepAKeyLocked(t *testing.T) {
 	require.Zero(t, optimistic.Load(), "calls after which two callers' key was optimistic")
 	require.EqualValues(t, calls.Load(), counted(t, db, "k").N, "lost updates")
 }
+
+// A call whose key goes under the lock while it waits for a connection runs
+// fn locked, once: it does not hold the connection through a run of fn that
+// the lock's holders would make it lose. The locked path moves the version
+// before fn runs, so fn reads it moved in its own transaction; an
+// optimistic run would read it unmoved.
+func TestKeyLockedWhileWaitingForAConnection(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	counters(t, db, "k")
+	db.SetMaxOpenConns(1)
+	g := newGuard(t, db, adaptive.Config{})
+	ctx := t.Context()
+
+	held, err := db.Conn(ctx) // the pool's one connection
+	require.NoError(t, err)
+	require.Equal(t, adaptive.Optimistic, g.Mode("k"))
+	var runs, version atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- g.Do(ctx, "k", func(ctx context.Context) error {
+			runs.Add(1)
+			var v int64
+			err := contend.Querier(ctx, db).QueryRowContext(ctx, `SELECT version FROM counters WHERE id = 'k'`).Scan(&v)
+			version.Store(v)
+			return err
+		})
+	}()
+	// Do chose its mode before it asked for the connection.
+	require.Eventually(t, func() bool { return db.Stats().WaitCount > 0 }, 10*time.Second, time.Millisecond)
+	for n := 0; g.Mode("k") == adaptive.Optimistic; n++ {
+		require.Less(t, n, 10*adaptive.Window, "the key never went under the lock")
+		g.Record("k", 1, 1)
+	}
+	require.NoError(t, held.Close())
+	require.NoError(t, <-done)
+	require.EqualValues(t, 1, runs.Load(), "runs of fn")
+	require.EqualValues(t, 1, version.Load(), "the version fn read: moved by the lock")
+	require.EqualValues(t, 1, counted(t, db, "k").Version)
+}
