@@ -189,3 +189,47 @@ func TestKeyLockedWhileWaitingForAConnection(t *testing.T) {
 	require.EqualValues(t, 1, version.Load(), "the version fn read: moved by the lock")
 	require.EqualValues(t, 1, counted(t, db, "k").Version)
 }
+
+// A lost race counts as it is lost, not when the call's next attempt runs:
+// Config.Retry's wait comes between them, and a connection to wait for.
+// Nine callers read one version and write at once; eight lose, enough to
+// send a key new to the Guard under the lock, and then wait up to an hour
+// before their next attempt. The key goes under the lock while they wait.
+func TestLossCountsBeforeTheRetryWait(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	counters(t, db, "k")
+	g := newGuard(t, db, adaptive.Config{Retry: contend.Retry{MaxAttempts: 2, BaseDelay: time.Hour, MaxDelay: time.Hour}})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+
+	const callers = 9
+	var read atomic.Int64
+	allRead := make(chan struct{})
+	done := make(chan error, callers)
+	for range callers {
+		go func() {
+			first := true
+			done <- g.Do(ctx, "k", func(ctx context.Context) error {
+				if first {
+					first = false
+					if read.Add(1) == callers {
+						close(allRead)
+					}
+					<-allRead // every caller read the version before any writes
+				}
+				return increment(db, "k", 0)(ctx)
+			})
+		}()
+	}
+	require.Eventually(t, func() bool { return g.Mode("k") == adaptive.Pessimistic }, 10*time.Second, time.Millisecond,
+		"eight lost races, counted only after their wait")
+	cancel()
+	var won int
+	for range callers {
+		if err := <-done; err == nil {
+			won++
+		}
+	}
+	require.EqualValues(t, won, counted(t, db, "k").N, "lost updates")
+}
