@@ -114,7 +114,7 @@
 // Locker, the others optimistic, served 0.84–1.08× in the same runs: a
 // choice per key gains nothing there, and what this guard loses on top is
 // the time it takes to learn that a key turned hot (a tenth to a fifth of a
-// second in one process, up to half a second in the slowest of three),
+// second in one process, about half a second in the slowest of three),
 // while that key's calls retry holding pooled connections.
 // BenchmarkDecrement and BenchmarkThink set this guard beside both fixed
 // guards, and BenchmarkDecrement its locked path beside raw-bump, the same
