@@ -51,8 +51,9 @@ type Config struct {
 	// report, as strategy "adaptive", Obtained when they hold the lock,
 	// Released when their transaction ends, GaveUp when ctx ended while
 	// they waited for it, and Failed for any other error. A call whose key
-	// went under the lock while it was retrying optimistically reports an
-	// optimistic Released with an error saying so, then goes on locked.
+	// went under the lock while it waited for a connection or was
+	// retrying optimistically reports an optimistic Released with an error
+	// saying so, then goes on locked.
 	// Default: nil, no events.
 	Observer contend.Observer
 }

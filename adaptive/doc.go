@@ -56,10 +56,14 @@
 // twice as long as it then held it: the race it would have lost without
 // the lock. So a key with two or three callers of one process at once
 // measures alike in both modes. A key goes locked when the rate reaches 0.2
-// and back when it falls to 0.05, and stays at least half a window in a
-// mode before it moves again: the gap between the thresholds and that stay
-// keep a key whose rate hovers near one of them from flapping. These are
-// fixed, not settings. [Guard.Mode] says what a key's next call will do.
+// and back when it falls to 0.05, and once it has moved stays at least half
+// a window in its new mode before it moves again: the gap between the
+// thresholds and that stay keep a key whose rate hovers near one of them
+// from flapping. A key new to the Guard moves as soon as its rate reaches
+// 0.2, eight lost races in a row. These are fixed, not settings. A call
+// whose key went under the lock while it waited for a connection, or
+// while it retried, goes on locked. [Guard.Mode] says what a key's next
+// call will do.
 //
 // Memory is bounded: the rates live in a fixed table of [Config.Keys] slots,
 // in pairs found by a hash of the key. A key whose pair is full takes the
@@ -95,12 +99,23 @@
 // (it reads the version, then checks and bumps it, where the Locker only
 // takes the lock); on a hot key, locked mode is that lock with the version
 // moved as well, a second row version per transaction that the Locker does
-// not write. In the runs of this module's benchmark suite so far (go run
-// ./examples/bench: fn waiting 2 ms between its read and its write, a pool
-// of 10 connections, 64 workers, one process), with a third of the calls on
-// one hot key and the rest on 1000 cold ones, the Locker served more calls,
-// with a lower p99 on the cold keys; on spread keys, and on keys that turn
-// hot halfway, neither was ahead beyond the noise of the runs.
+// not write. Nor can choosing per key serve more calls than the Locker where
+// one hot key takes a share of every caller's calls: its row lock serves one
+// call per hold whichever guard took it, and the callers wait there, so the
+// total follows the hot key's turns and the cold keys' mode changes only
+// their latency. In this module's benchmark suite (go run ./examples/bench:
+// fn waiting 2 ms between its read and its write, 64 workers per process,
+// each process on a pool of 10 connections, 2 cores under other load), with
+// 30% of the calls on one hot key and the rest on 1000 cold ones, this guard
+// served 0.83× the calls of the better fixed guard (mostly the Locker) from
+// one process and 0.92× from three, with a cold p99 1.6× the Locker's; on
+// keys that turn hot halfway, 0.69×.
+// A reference that knows the hot key in advance and runs it under the
+// Locker, the others optimistic, served 0.84–1.08× in the same runs: a
+// choice per key gains nothing there, and what this guard loses on top is
+// the time it takes to learn that a key turned hot (a tenth to a fifth of a
+// second in one process, about half a second in the slowest of three),
+// while that key's calls retry holding pooled connections.
 // BenchmarkDecrement and BenchmarkThink set this guard beside both fixed
 // guards, and BenchmarkDecrement its locked path beside raw-bump, the same
 // transaction written by hand (bump, read, write, commit).

@@ -34,3 +34,10 @@ func (g *Guard) Isolation(level sql.IsolationLevel) {
 
 // Window is about how many samples a key's conflict rate averages over.
 const Window = window
+
+// Record adds samples observations, conflicts of them conflicts, to key's
+// rate, as g's calls do, and returns key's mode after them: for tests that
+// turn a key hot at a chosen moment.
+func (g *Guard) Record(key string, samples, conflicts int) Mode {
+	return g.stats.record(key, samples, conflicts)
+}

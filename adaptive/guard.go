@@ -79,25 +79,13 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 	if err != nil {
 		return nil, err
 	}
-	opt, err := optimistic.NewGuard(db, optimistic.Config{
-		Table:         cfg.Table,
-		KeyColumn:     cfg.KeyColumn,
-		VersionColumn: cfg.VersionColumn,
-		Retry:         cfg.Retry,
-		FinishTimeout: cfg.FinishTimeout,
-		Observer:      cfg.Observer,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("adaptive: %w", err)
-	}
 	var line *keyline.Lines
 	if !cfg.NoLocalQueue {
 		line = keyline.New(keyline.Depth)
 	}
-	return &Guard{
+	g := &Guard{
 		line:     line,
 		db:       d,
-		opt:      opt,
 		opts:     txn.Options{Tx: d.Dialect().GuardTx(sql.LevelDefault), Retry: cfg.Retry, FinishTimeout: cfg.FinishTimeout},
 		observer: cfg.Observer,
 		stats:    newTable(cfg),
@@ -109,7 +97,39 @@ func NewGuard(db contend.DB, cfg Config) (*Guard, error) {
 		table:   n.table,
 		key:     n.key,
 		lockSQL: fmt.Sprintf("UPDATE %s SET %s = %s + 1 WHERE %s = %s", n.table, n.version, n.version, n.key, d.Dialect().Param(1)),
-	}, nil
+	}
+	g.opt, err = optimistic.NewGuard(db, optimistic.Config{
+		Table:         cfg.Table,
+		KeyColumn:     cfg.KeyColumn,
+		VersionColumn: cfg.VersionColumn,
+		Retry:         cfg.Retry,
+		FinishTimeout: cfg.FinishTimeout,
+		Observer:      losses{g},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("adaptive: %w", err)
+	}
+	return g, nil
+}
+
+// losses hears the optimistic path's events, and passes them on to the
+// Guard's Observer. An attempt that lost its race (its version moved, or a
+// deadlock) is a sample of its key as it is lost, before the wait that
+// Config.Retry puts before the next attempt and before that attempt gets a
+// connection: on a key that just turned hot, those waits grow with each
+// loss (to half a second by default), and a loss counted only when the
+// next attempt ran would keep the key optimistic that much longer. Across
+// processes, it is what a process whose calls lose to the others' locked
+// holders learns from.
+type losses struct{ g *Guard }
+
+func (l losses) Observe(ctx context.Context, e contend.Event) {
+	if e.Kind == contend.EventRetry && !l.g.pinned {
+		l.g.stats.record(e.Key, 1, 1)
+	}
+	if l.g.observer != nil {
+		l.g.observer.Observe(ctx, e)
+	}
 }
 
 // Promises says what Do promises: fn runs in the guard's transaction, across
@@ -160,19 +180,22 @@ var errToLock = errors.New("adaptive: key went under the lock; going on there")
 
 func (g *Guard) doOptimistic(ctx context.Context, key string, fn func(ctx context.Context) error) error {
 	// Each run of fn after the first follows an attempt that lost its race
-	// (its version moved, or a deadlock). The loss is recorded as it
-	// happens, not when the call ends: on a key that just turned hot, the
+	// (its version moved, or a deadlock), which losses recorded as it was
+	// lost, not when the call ends: on a key that just turned hot, the
 	// losers are the calls still retrying, and they are the ones that must
-	// learn at once that the key went under the lock. Counting runs here
-	// costs nothing, where an Observer would build an event per attempt.
+	// learn at once that the key went under the lock.
 	runs := 0
 	var fnErr error // of the last run of fn
 	err := g.opt.Do(ctx, key, func(ctx context.Context) error {
 		runs++
 		// A call that lost a race on a key that has since gone under the
 		// lock would go on losing to the lock's holders, each of which
-		// moves the version: it joins them instead.
-		if runs > 1 && !g.pinned && g.stats.record(key, 1, 1) == Pessimistic {
+		// moves the version: it joins them instead. So does a call whose
+		// key went under the lock while it waited for a connection, before
+		// fn's first run: on a key that just turned hot, those are the
+		// calls that came meanwhile, and each would hold its connection
+		// through a run of fn that the lock's holders make it lose.
+		if !g.pinned && g.stats.mode(key) == Pessimistic {
 			return errToLock
 		}
 		fnErr = fn(ctx)

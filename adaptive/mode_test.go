@@ -149,3 +149,87 @@ func TestTwoCallersKeepAKeyLocked(t *testing.T) {
 	require.Zero(t, optimistic.Load(), "calls after which two callers' key was optimistic")
 	require.EqualValues(t, calls.Load(), counted(t, db, "k").N, "lost updates")
 }
+
+// A call whose key goes under the lock while it waits for a connection runs
+// fn locked, once: it does not hold the connection through a run of fn that
+// the lock's holders would make it lose. The locked path moves the version
+// before fn runs, so fn reads it moved in its own transaction; an
+// optimistic run would read it unmoved.
+func TestKeyLockedWhileWaitingForAConnection(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	counters(t, db, "k")
+	db.SetMaxOpenConns(1)
+	g := newGuard(t, db, adaptive.Config{})
+	ctx := t.Context()
+
+	held, err := db.Conn(ctx) // the pool's one connection
+	require.NoError(t, err)
+	require.Equal(t, adaptive.Optimistic, g.Mode("k"))
+	var runs, version atomic.Int64
+	done := make(chan error, 1)
+	go func() {
+		done <- g.Do(ctx, "k", func(ctx context.Context) error {
+			runs.Add(1)
+			var v int64
+			err := contend.Querier(ctx, db).QueryRowContext(ctx, `SELECT version FROM counters WHERE id = 'k'`).Scan(&v)
+			version.Store(v)
+			return err
+		})
+	}()
+	// Do chose its mode before it asked for the connection.
+	require.Eventually(t, func() bool { return db.Stats().WaitCount > 0 }, 10*time.Second, time.Millisecond)
+	for n := 0; g.Mode("k") == adaptive.Optimistic; n++ {
+		require.Less(t, n, 10*adaptive.Window, "the key never went under the lock")
+		g.Record("k", 1, 1)
+	}
+	require.NoError(t, held.Close())
+	require.NoError(t, <-done)
+	require.EqualValues(t, 1, runs.Load(), "runs of fn")
+	require.EqualValues(t, 1, version.Load(), "the version fn read: moved by the lock")
+	require.EqualValues(t, 1, counted(t, db, "k").Version)
+}
+
+// A lost race counts as it is lost, not when the call's next attempt runs:
+// Config.Retry's wait comes between them, and a connection to wait for.
+// Nine callers read one version and write at once; eight lose, enough to
+// send a key new to the Guard under the lock, and then wait up to an hour
+// before their next attempt. The key goes under the lock while they wait.
+func TestLossCountsBeforeTheRetryWait(t *testing.T) {
+	t.Parallel()
+	db := testserver.DB(t, "pgx")
+	counters(t, db, "k")
+	g := newGuard(t, db, adaptive.Config{Retry: contend.Retry{MaxAttempts: 2, BaseDelay: time.Hour, MaxDelay: time.Hour}})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+
+	const callers = 9
+	var read atomic.Int64
+	allRead := make(chan struct{})
+	done := make(chan error, callers)
+	for range callers {
+		go func() {
+			first := true
+			done <- g.Do(ctx, "k", func(ctx context.Context) error {
+				if first {
+					first = false
+					if read.Add(1) == callers {
+						close(allRead)
+					}
+					<-allRead // every caller read the version before any writes
+				}
+				return increment(db, "k", 0)(ctx)
+			})
+		}()
+	}
+	require.Eventually(t, func() bool { return g.Mode("k") == adaptive.Pessimistic }, 10*time.Second, time.Millisecond,
+		"eight lost races, counted only after their wait")
+	cancel()
+	var won int
+	for range callers {
+		if err := <-done; err == nil {
+			won++
+		}
+	}
+	require.EqualValues(t, won, counted(t, db, "k").N, "lost updates")
+}

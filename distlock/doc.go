@@ -153,9 +153,10 @@
 // them on one Cluster slot, so one script can touch them all. So a key may
 // not contain '}' (it would end the tag early), nor a Prefix a brace (it
 // would be every lock's tag, and put them all on one slot). A Client
-// accepts any [redis.UniversalClient]: one node, Sentinel or Cluster. Every
-// key expires by itself: the lock with its lease, the queue with its
-// waiters', the fencing counter a day after its last use (see above).
+// accepts any [redis.UniversalClient]: one node, Sentinel or Cluster, of
+// Redis 6.2 or later. Every key expires by itself: the lock with its lease,
+// the queue with its waiters', the fencing counter a day after its last use
+// (see above).
 //
 // When a Cluster master fails over to its replica, the locks the replica
 // had received stay held and their holders keep them; a lock whose lease

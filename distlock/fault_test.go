@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -279,4 +280,36 @@ func TestFencesDoNotRepeatAfterARestartFromASnapshot(t *testing.T) {
 	require.NoError(t, srv.Restart()) // from the snapshot: no save on shutdown
 	require.Eventually(t, func() bool { return rdb.Ping(ctx).Err() == nil }, 10*time.Second, 10*time.Millisecond)
 	obtain()
+}
+
+// The two sources of a fencing token: the server's clock, in microseconds,
+// when the counter is behind it (set back, as by an older snapshot), and one
+// past the counter when the counter is not behind (a clock set back, or two
+// acquisitions within a microsecond). Either way the counter keeps its day
+// of life.
+func TestFencesFollowTheCounterAndTheClock(t *testing.T) {
+	t.Parallel()
+	c, rdb, prefix := setup(t, distlock.Config{})
+	ctx := t.Context()
+	counter := lockKey(prefix, "job") + ":fence"
+	obtain := func() int64 {
+		l, err := c.TryObtain(ctx, "job", time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, l.Release(ctx))
+		ttl, err := rdb.PTTL(ctx, counter).Result()
+		require.NoError(t, err)
+		require.InDelta(t, 24*time.Hour, ttl, float64(time.Minute))
+		return l.Fence()
+	}
+
+	require.NoError(t, rdb.Set(ctx, counter, 5, 0).Err())
+	clock, err := rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, obtain(), clock.UnixMicro(), "a counter set back gives way to the clock")
+
+	ahead := clock.UnixMicro() + time.Hour.Microseconds()
+	require.NoError(t, rdb.Set(ctx, counter, ahead, 0).Err())
+	require.Equal(t, ahead+1, obtain(), "a counter ahead of the clock goes on from where it is")
+	require.Equal(t, ahead+2, obtain())
+	require.Equal(t, strconv.FormatInt(ahead+2, 10), rdb.Get(ctx, counter).Val())
 }

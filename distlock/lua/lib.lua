@@ -12,8 +12,7 @@
 -- Times come from the server's clock only, never from a client's.
 
 -- TIME is non-deterministic; scripts that write after it need effects
--- replication, the default since Redis 5 and a no-op to ask for there.
-if redis.replicate_commands then redis.replicate_commands() end
+-- replication, the default since Redis 5 (SET's GET, below, needs 6.2).
 
 -- fence_idle_ms is how long a fencing counter lives after the last
 -- acquisition or refresh of its lock: a day.
@@ -40,12 +39,19 @@ end
 -- that clock did not go back and the key averaged fewer than a million
 -- acquisitions a second. All in this one script: a restart done by a
 -- second call could be cut off by a crash between the two.
+--
+-- The clock is almost always ahead of the counter, so the clock is written
+-- and the old value read back by one SET ... GET; only a counter that is
+-- not behind the clock (two acquisitions within a microsecond, a clock set
+-- back) is written a second time, one past where it was.
 local function next_fence()
   local t = redis.call('TIME')
-  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local f = tonumber(redis.call('GET', KEYS[2]) or '0') + 1
-  if f < floor then f = floor end
-  redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', fence_idle_ms)
+  local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', fence_idle_ms, 'GET')
+  if last and tonumber(last) >= f then
+    f = tonumber(last) + 1
+    redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', fence_idle_ms)
+  end
   return f
 end
 

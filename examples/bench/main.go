@@ -47,6 +47,10 @@
 //	optimistic-guard  optimistic.Guard.Do around the read-check-write
 //	adaptive          adaptive.Guard.Do around it: optimistic per key while
 //	                  its races are rare, under the row lock while frequent
+//	oracle            the reference adaptive is measured against, not a
+//	                  strategy to use: it knows the workload's hot key and runs
+//	                  it under the pessimistic Locker, every other key under
+//	                  the optimistic Guard (mixed, shift and shift-think only)
 //	distlock          distlock.Client.Do around the read-check-write
 //	poll              SET NX PX retried every 1 ms, around it: the bare polling loop (a peer)
 //	redislock         bsm/redislock around the same read-check-write (a peer)

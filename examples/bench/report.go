@@ -38,7 +38,9 @@ type row struct {
 	// other keys' p99 (mixed only).
 	HotThroughput float64
 	ColdP99       time.Duration
-	FirstError    string
+	// Modes counts adaptive's calls by the mode they began in.
+	Modes      modes
+	FirstError string
 	// Violation says how the invariant broke; "" when it held.
 	Violation string
 	// Skipped says why the cell did not run.
@@ -55,6 +57,7 @@ func (r *row) fill(o outcome) {
 		r.Max = o.Latencies[n-1]
 	}
 	r.Retries = o.Retries
+	r.Modes = o.Modes
 	if o.Window > 0 {
 		r.HotThroughput = float64(o.HotInWindow) / o.Window.Seconds()
 	}
@@ -602,8 +605,44 @@ func shiftSummary(rows []row, adaptive row, where string) string {
 			verdict = "does not beat both fixed guards"
 		}
 		line += fmt.Sprintf("; %s at %.2f× the better fixed guard (%s): it %s", adaptive.Strategy, adaptive.Throughput/best.Throughput, best.Strategy, verdict)
+		line += oracleRatio(rows, adaptive, best)
 	}
 	return line + ".\n"
+}
+
+// oracleRatio sets oracle, the reference that knows the hot key, beside the
+// better fixed guard best in adaptive's cell: what a choice per key could
+// reach there. "" when oracle did not run (it runs on PostgreSQL only).
+func oracleRatio(rows []row, adaptive, best row) string {
+	o, ok := sibling(rows, adaptive, "oracle")
+	if !ok || o.Throughput <= 0 || onMariaDB(adaptive.Strategy) {
+		return ""
+	}
+	return fmt.Sprintf("; oracle (the reference) at %.2f× it", o.Throughput/best.Throughput)
+}
+
+// modeSummary says, for each cell of a workload with a hot key, the hot
+// key's throughput and the other keys' p99 (mixed), and for adaptive's, in
+// which mode its calls began: on the hot key, on the others, and how often
+// the hot key changed mode.
+func modeSummary(rows []row) string {
+	var b strings.Builder
+	for _, r := range rows {
+		m := r.Modes
+		if r.Skipped != "" || (r.HotThroughput == 0 && m.Hot == 0) {
+			continue
+		}
+		fmt.Fprintf(&b, "- %s, %d worker(s) × %d process(es), %s: %.0f ops/s", r.Workload, r.Workers, r.Processes, r.Strategy, r.Throughput)
+		if r.HotThroughput > 0 {
+			fmt.Fprintf(&b, ", hot %.0f, cold p99 %s ms", r.HotThroughput, ms(r.ColdP99))
+		}
+		if m.Hot > 0 {
+			fmt.Fprintf(&b, "; began %.1f%% of the hot key's %d calls locked (%d changes of mode; the first locked %s ms after the process's first call), %.2f%% of the other keys' %d",
+				100*float64(m.HotLocked)/float64(m.Hot), m.Hot, m.Flips, ms(m.LockedAfter), 100*float64(m.ColdLocked)/float64(max(m.Cold, 1)), m.Cold)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // mixedSummary lists, for adaptive's mixed cell, every think strategy's
@@ -634,6 +673,7 @@ func mixedSummary(rows []row, adaptive row, where string) string {
 	if best.Throughput > 0 {
 		line += fmt.Sprintf("; %s at %.2f× the better fixed guard (%s), cold p99 %s against %s ms", adaptive.Strategy,
 			adaptive.Throughput/best.Throughput, best.Strategy, ms(adaptive.ColdP99), ms(best.ColdP99))
+		line += oracleRatio(rows, adaptive, best)
 	}
 	return line + ".\n"
 }

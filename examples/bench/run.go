@@ -79,6 +79,10 @@ func (c cell) inGrid() bool {
 		return false
 	case c.Workload == "shift":
 		return c.Keys > 1 && c.Workers > 1 && slices.Contains(shiftStrategies, c.Strategy)
+	case c.Strategy == "oracle":
+		// It knows the hot key of the workloads that make one: mixed and
+		// the shifts.
+		return false
 	}
 	return true
 }
@@ -193,6 +197,16 @@ type outcome struct {
 	// sorted.
 	HotInWindow   int64           `json:"hot_in_window"`
 	ColdLatencies []time.Duration `json:"cold_latencies"`
+	// Modes counts the adaptive guard's calls by the mode they began in.
+	Modes modes `json:"modes"`
+}
+
+// modes is modeCounts as numbers, summed over processes.
+type modes struct {
+	Hot, HotLocked, Cold, ColdLocked, Flips int64
+	// LockedAfter is how long after a process's first call the hot key's
+	// first call began locked: the slowest process's.
+	LockedAfter time.Duration
 }
 
 // Run runs o's grid and returns one row per cell, writing the table to
@@ -302,6 +316,9 @@ func Run(ctx context.Context, o Options) ([]row, error) {
 	if s := lockSummary(rows); s != "" {
 		fmt.Fprintf(o.Stdout, "\n%s", s)
 	}
+	if s := modeSummary(rows); s != "" {
+		fmt.Fprintf(o.Stdout, "\n%s", s)
+	}
 	fmt.Fprintf(o.Stdout, "\n%d cells in %s\n", len(rows), time.Since(started).Round(time.Second))
 	if o.Out != "" {
 		files, err := writeReport(ctx, admins, o, rows, time.Since(started))
@@ -406,6 +423,9 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 		return outcome{}, err
 	}
 	b := backends{db: db, h: db, sql: dialectOf(c.Strategy), rdb: rdb, redisPrefix: e.RedisPrefix}
+	if c.picker() != nil {
+		b.hot = keys[0] // mixed's hot key, and shift's after the shift
+	}
 	if onMariaDB(c.Strategy) {
 		b.h = mysqldb.Wrap(db)
 	}
@@ -432,6 +452,9 @@ func runLocal(ctx context.Context, e env, c cell, keys []string, d time.Duration
 	}
 	out.Retries = cnt.retries.Load()
 	out.Split = cnt.split.Load()
+	m := &cnt.modes
+	out.Modes = modes{Hot: m.hot.Load(), HotLocked: m.hotLocked.Load(), Cold: m.cold.Load(), ColdLocked: m.coldLocked.Load(), Flips: m.flips.Load(),
+		LockedAfter: time.Duration(m.locked.Load())}
 	return out, nil
 }
 
@@ -553,6 +576,12 @@ func (out *outcome) merge(o outcome) {
 	out.Elapsed = max(out.Elapsed, o.Elapsed)
 	out.Retries += o.Retries
 	out.Split += o.Split
+	out.Modes.Hot += o.Modes.Hot
+	out.Modes.HotLocked += o.Modes.HotLocked
+	out.Modes.Cold += o.Modes.Cold
+	out.Modes.ColdLocked += o.Modes.ColdLocked
+	out.Modes.Flips += o.Modes.Flips
+	out.Modes.LockedAfter = max(out.Modes.LockedAfter, o.Modes.LockedAfter)
 	// The processes start together and time the same window.
 	out.InWindow += o.InWindow
 	out.Window = max(out.Window, o.Window)

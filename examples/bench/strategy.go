@@ -31,7 +31,7 @@ import (
 // one is measured against; poll (the bare 1 ms polling loop), redislock and
 // redsync are peers of distlock; naive is the negative control. The -mariadb
 // strategies are their namesakes on MariaDB, beside raw-mariadb, their floor.
-var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "pessimistic-noqueue", "optimistic", "optimistic-guard", "adaptive",
+var allStrategies = []string{"raw", "atomic", "raw-pgx", "atomic-pgx", "pessimistic", "pessimistic-noqueue", "optimistic", "optimistic-guard", "adaptive", "oracle",
 	"distlock", "poll", "redislock", "redsync", "queue", "naive",
 	"unique-insert", "idempotency", "check-then-insert",
 	"raw-mariadb", "atomic-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
@@ -100,15 +100,17 @@ func thinks(workload string) bool {
 
 // thinkStrategies are the strategies the think workloads run: the guards
 // that run a read-think-write (the row lock with and without its queue in
-// the process, the optimistic guard, the adaptive one), raw, their floor,
+// the process, the optimistic guard, the adaptive one and oracle, its
+// reference), raw, their floor,
 // and the naive control; and on MariaDB, those that run there.
-var thinkStrategies = []string{"raw", "pessimistic", "pessimistic-noqueue", "optimistic-guard", "adaptive", "naive",
+var thinkStrategies = []string{"raw", "pessimistic", "pessimistic-noqueue", "optimistic-guard", "adaptive", "oracle", "naive",
 	"raw-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
 
 // shiftStrategies are the strategies the shift workload runs: the guards it
 // is there to set apart (the adaptive one beside the two it chooses
-// between), the optimistic Store, and raw, the floor.
-var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-guard", "adaptive",
+// between, and oracle, the reference it is measured against), the
+// optimistic Store, and raw, the floor.
+var shiftStrategies = []string{"raw", "pessimistic", "optimistic", "optimistic-guard", "adaptive", "oracle",
 	"raw-mariadb", "pessimistic-mariadb", "optimistic-guard-mariadb", "adaptive-mariadb"}
 
 // operation is what workload's operations do: shift and the think
@@ -264,6 +266,9 @@ type backends struct {
 	pool        *pgxpool.Pool // only for the -pgx strategies
 	rdb         *redis.Client
 	redisPrefix string
+	// hot is the key the workload makes hot (mixed's, shift's after the
+	// shift), "" when it makes none: what oracle knows in advance.
+	hot string
 }
 
 // counters is what a strategy reports besides the harness's counts.
@@ -275,11 +280,84 @@ type counters struct {
 	// split counts the retry storm's requests whose copies got different
 	// answers.
 	split stdatomic.Int64
+	// modes counts the adaptive guard's calls by the mode they began in.
+	modes modeCounts
+}
+
+// modeCounts counts an adaptive guard's calls on the workload's hot key and
+// on the others, and those of each that began in locked mode; flips counts
+// the hot key's changes of mode, as its successive calls saw them.
+type modeCounts struct {
+	hot, hotLocked, cold, coldLocked, flips stdatomic.Int64
+	last                                    stdatomic.Int32 // the hot key's last mode seen
+	// first is when the first call began (UnixNano), and locked how long
+	// after it the hot key's first call began in locked mode; 0 if none did.
+	first, locked stdatomic.Int64
+}
+
+// counted is an adaptive Guard whose calls count in m by the mode they
+// began in (Guard.Mode just before Do: the mode Do reads).
+type counted struct {
+	g   *adaptive.Guard
+	hot string
+	m   *modeCounts
+}
+
+func (c counted) Do(ctx context.Context, key string, fn func(context.Context) error) error {
+	locked := c.g.Mode(key) == adaptive.Pessimistic
+	now := time.Now().UnixNano()
+	c.m.first.CompareAndSwap(0, now)
+	switch {
+	case key == c.hot:
+		c.m.hot.Add(1)
+		if locked {
+			c.m.hotLocked.Add(1)
+		}
+		if c.m.last.Swap(int32(b2i(locked))) != int32(b2i(locked)) {
+			c.m.flips.Add(1)
+		}
+		if locked {
+			c.m.locked.CompareAndSwap(0, max(now-c.m.first.Load(), 1))
+		}
+	default:
+		c.m.cold.Add(1)
+		if locked {
+			c.m.coldLocked.Add(1)
+		}
+	}
+	return c.g.Do(ctx, key, fn)
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// oracleGuard is the reference the adaptive guard is measured against, not
+// a strategy for users: it knows in advance which key the workload makes
+// hot, and runs that key's calls under the pessimistic Locker and every other
+// key's under the optimistic guard, with nothing to measure or learn. Any
+// guard choosing between those two per key, from what it sees, can at best
+// match it. On shift it locks the hot key from the start, where a choice at
+// the shift would lock it from the half-way instant on: before the shift the
+// key takes one call in the cell's key count, cold.
+type oracleGuard struct {
+	hot          string
+	locked, cold contend.Guard
+}
+
+func (g oracleGuard) Do(ctx context.Context, key string, fn func(context.Context) error) error {
+	if key == g.hot {
+		return g.locked.Do(ctx, key, fn)
+	}
+	return g.cold.Do(ctx, key, fn)
 }
 
 // countsRetries reports whether strategy counts its retries.
 func countsRetries(strategy string) bool {
-	return slices.Contains([]string{"optimistic", "optimistic-guard", "adaptive"}, strings.TrimSuffix(strategy, "-mariadb"))
+	return slices.Contains([]string{"optimistic", "optimistic-guard", "adaptive", "oracle"}, strings.TrimSuffix(strategy, "-mariadb"))
 }
 
 // retried is a Guard that counts in n the runs of fn beyond the first of
@@ -349,7 +427,20 @@ func newOp(ctx context.Context, b backends, workload, strategy string, c *counte
 		return load.Guarded(retried{g, &c.retries}, rcw), nothing, err
 	case "adaptive":
 		g, err := adaptive.NewGuard(b.h, adaptive.Config{Table: table(workload), Retry: optRetry})
-		return load.Guarded(retried{g, &c.retries}, rcw), nothing, err
+		if err != nil {
+			return nil, nil, err
+		}
+		return load.Guarded(retried{counted{g, b.hot, &c.modes}, &c.retries}, rcw), nothing, nil
+	case "oracle":
+		l, err := pessimistic.NewLocker(b.h, pessimistic.LockerConfig{Table: table(workload)})
+		if err != nil {
+			return nil, nil, err
+		}
+		g, err := optimistic.NewGuard(b.h, optimistic.Config{Table: table(workload), Retry: optRetry})
+		if err != nil {
+			return nil, nil, err
+		}
+		return load.Guarded(retried{oracleGuard{hot: b.hot, locked: l, cold: g}, &c.retries}, rcw), nothing, nil
 	case "optimistic":
 		cfg := optimistic.Config{Table: table(workload), Retry: optRetry, Observer: observe}
 		if workload == "decrement" {

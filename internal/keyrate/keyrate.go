@@ -1,9 +1,11 @@
 // Package keyrate keeps, per key, how often its recent calls lost a race,
 // and whether that makes the key hot: what a guard that changes how it
-// works per key (the adaptive guard's lock) decides from. A key turns hot when its rate reaches Enter and cools when
-// it falls to Leave, staying at least half a window in a state before it
-// moves again: the gap between the thresholds and that stay keep a key
-// whose rate hovers near one of them from flapping.
+// works per key (the adaptive guard's lock) decides from. A key turns hot
+// when its rate reaches Enter and cools when it falls to Leave, staying at
+// least half a window in a state it moved to before it moves again: the gap
+// between the thresholds and that stay keep a key whose rate hovers near one
+// of them from flapping. A key new to the table moves as soon as its rate
+// crosses.
 package keyrate
 
 import (
@@ -42,7 +44,7 @@ type Table struct {
 	pairs        []pair
 	alpha        float64 // weight of a new sample: 1/Window
 	enter, leave float64
-	dwell        int // samples a key stays in a state before it may leave it
+	dwell        int // samples a key stays in a state it moved to before it may leave it
 }
 
 // A pair is the two slots a key may take.
@@ -57,7 +59,7 @@ type slot struct {
 	hash  uint64 // the key's; 0 marks an empty slot
 	hot   bool
 	rate  float64 // conflicts per sample, averaged over about 1/alpha samples
-	since int     // samples since the key entered its state
+	since int     // samples since the key entered its state; dwell for a newcomer
 }
 
 // New returns an empty table for c, which the caller has validated.
@@ -134,7 +136,12 @@ func (t *Table) Record(key string, samples, conflicts int) (hot bool) {
 	i := p.find(h)
 	if i < 0 {
 		i = p.victim()
-		p.slots[i] = slot{hash: h}
+		// A newcomer has not moved: it may as soon as its rate says so.
+		// The stay keeps a key that just moved from moving back on the
+		// samples that moved it; a newcomer's first samples are all it
+		// has, and on a key that just turned hot, making it wait half a
+		// window more is the lag of every call that comes meanwhile.
+		p.slots[i] = slot{hash: h, since: t.dwell}
 	}
 	p.older = 1 - i
 	s := &p.slots[i]

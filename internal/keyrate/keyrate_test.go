@@ -51,6 +51,34 @@ func TestHysteresis(t *testing.T) {
 	require.Greater(t, n, window/2, "one quiet call is not a cool key")
 }
 
+// A key new to the table turns hot as soon as its rate reaches Enter: the
+// stay is for a key that moved, which must not move back on the samples
+// that moved it. Once moved, the key stays half a window, whatever its
+// samples.
+func TestNewcomerMovesAtOnce(t *testing.T) {
+	t.Parallel()
+	const window = 32
+	tb := New(Config{Window: window, Enter: 0.2, Leave: 0.05, Keys: 16})
+	n := 0
+	for ; n < window && !tb.Hot("k"); n++ {
+		tb.Record("k", 1, 1)
+	}
+	require.True(t, tb.Hot("k"))
+	// 1 − (31/32)^n ≥ 0.2 first at n = 8: half a window (16) would be the
+	// stay's.
+	require.Equal(t, 8, n, "conflicts before a new key turned hot")
+
+	// Cooled, it has moved: its rate reaches Enter again within six
+	// conflicts, but it stays cold for half a window.
+	for tb.Hot("k") {
+		tb.Record("k", 1, 0)
+	}
+	for n = 0; n < window && !tb.Hot("k"); n++ {
+		tb.Record("k", 1, 1)
+	}
+	require.Equal(t, window/2, n, "conflicts before a key that cooled turned hot again")
+}
+
 // The table holds Keys slots whatever the keys.
 func TestBounded(t *testing.T) {
 	t.Parallel()
