@@ -10,7 +10,9 @@
 // once. The peers wait the way they are usually configured to: by polling,
 // every millisecond here (bsm/redislock with LinearBackoff(1ms),
 // go-redsync/redsync with a 1ms retry delay, and "raw-poll", the bare SET NX
-// PX loop). distlock waits in a queue and is handed the lock by the release;
+// PX loop; "raw-fenced", the same loop issuing distlock's fencing token in
+// its obtain script, the floor of what distlock promises uncontended).
+// distlock waits in a queue and is handed the lock by the release;
 // distlock-ctxtimeout is distlock on a go-redis client built with
 // ContextTimeoutEnabled, whose calls distlock sends on the caller's
 // goroutine instead of its own (see the package doc).
@@ -87,6 +89,7 @@ type impl struct {
 
 var impls = []impl{
 	{"raw-poll", func(rdb *redis.Client, prefix string) (locker, error) { return rawPoll{rdb, prefix}, nil }},
+	{"raw-fenced", func(rdb *redis.Client, prefix string) (locker, error) { return rawFenced{rawPoll{rdb, prefix}}, nil }},
 	{"bsm/redislock", func(rdb *redis.Client, prefix string) (locker, error) {
 		return bsm{redislock.New(rdb), prefix}, nil
 	}},
@@ -271,6 +274,46 @@ func (p rawPoll) lock(ctx context.Context, key string) (func(context.Context) er
 }
 
 func (rawPoll) close(context.Context) error { return nil }
+
+// rawFenced is raw-poll keeping what distlock's uncontended obtain promises
+// beyond it, written by hand: the obtain also issues a fencing token, one
+// past the key's counter and never below the server's clock in
+// microseconds (so a Redis restarted from an older snapshot repeats none),
+// and looks whether waiters are queued. It is the floor of distlock's
+// uncontended cells: what any lock with those promises sends, one script per
+// obtain and one per release, and no more.
+type rawFenced struct{ rawPoll }
+
+var fencedObtain = redis.NewScript(`
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+redis.call('LLEN', KEYS[3])
+local t = redis.call('TIME')
+local f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local last = redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', 86400000, 'GET')
+if last and tonumber(last) >= f then
+  f = tonumber(last) + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', f), 'PX', 86400000)
+end
+return f`)
+
+func (p rawFenced) lock(ctx context.Context, key string) (func(context.Context) error, error) {
+	keys := []string{p.prefix + "{" + key + "}", p.prefix + "{" + key + "}:fence", p.prefix + "{" + key + "}:queue"}
+	tok := testserver.RandomName("")
+	for {
+		f, err := fencedObtain.Run(ctx, p.rdb, keys, tok, ttl.Milliseconds()).Int64()
+		if err != nil {
+			return nil, err
+		}
+		if f > 0 {
+			return func(ctx context.Context) error { return compareAndDelete.Run(ctx, p.rdb, keys[:1], tok).Err() }, nil
+		}
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
 
 type bsm struct {
 	c      *redislock.Client
