@@ -15,7 +15,7 @@ import (
 	"github.com/contend/contend/internal/inflight"
 	"github.com/contend/contend/internal/keepalive"
 	"github.com/contend/contend/internal/keyrate"
-	"github.com/contend/contend/internal/readshare"
+	"github.com/contend/contend/internal/share"
 	"github.com/contend/contend/internal/sqldb"
 	"github.com/contend/contend/internal/sqlerr"
 	"github.com/contend/contend/internal/sqlident"
@@ -56,8 +56,7 @@ type ClaimerConfig struct {
 	// strategy "atomic" (Attempts is always 1: a claim is one try, never
 	// retried):
 	//   - Obtained when Claim, ClaimAs or Do makes a claim (Wait is how long
-	//     it took: its statement, or on a hot key also the read it waited
-	//     for and shared);
+	//     it took: its statement, and on a hot key the one it waited for);
 	//   - Conflict when the key was claimed already (Err is the error
 	//     returned);
 	//   - Released when Release or the end of Do clears the claim (Hold
@@ -75,13 +74,13 @@ type ClaimerConfig struct {
 // defaultLease is the default of [ClaimerConfig.Lease].
 const defaultLease = 30 * time.Second
 
-// When a key's claims go through a read first (claimRow). The read replaces
-// the claim's statement for a loser and adds a round trip for a winner, so
-// it pays once about half of a key's recent claims lost; the key goes back
-// at a quarter, and stays at least half a window in either state, so that a
-// rate near a threshold does not flap. A window of 32 turns a hot key within
-// a few dozen claims; a key claimed by one caller at a time, however often,
-// never turns. lossKeys bounds the memory (about 40 bytes a key, per
+// When a key's claims share their statement (claimRow). Sharing makes a
+// claim wait for the statement in flight, and on MySQL adds a read to a
+// winner's round trip, so it pays once about half of a key's recent claims
+// lost; the key goes back at a quarter, and stays at least half a window in
+// either state, so that a rate near a threshold does not flap. A window of
+// 32 turns a hot key within a few dozen claims; a key claimed by one caller
+// at a time, however often, never turns. lossKeys bounds the memory (about 40 bytes a key, per
 // Claimer on a pool); a hot key keeps its slot against cold ones, so it
 // need not cover every key claimed, only the keys hot at once.
 const (
@@ -98,22 +97,26 @@ const (
 // releaser's token, so a late release never clears a newer claim.
 //
 // A key whose claims keep losing (about half of this Claimer's recent
-// claims of it, outside a transaction) is read before it is claimed: a
-// plain read that takes no lock and waits for none. When it finds the key
-// held, the claim fails with [contend.ErrConflict] without the write (the
-// key was held as the read ran, which is all a lost race says either);
-// when it finds no row, with [contend.ErrNotFound]; when it finds the key
-// free, the claim is made as on any key, and a winner pays two round trips
-// instead of one. The claims of a hot key that one Claimer makes at once
-// share that read: at most one is in flight per key, and a claim takes the
-// answer only of a read that began after the claim did, so a claim that
-// comes while one is in flight waits for it to end and shares the next.
-// Such a claim waits for at most the read in flight and the one it shares
-// (once more if the claim that sent its read gave up before the answer
-// came), never past its ctx, and holds no connection while it waits. A key
-// claimed by one caller at a time never turns hot, however often it is
-// claimed. Which keys are hot is remembered per Claimer, in memory bounded
-// whatever the keys (a few tens of kilobytes).
+// claims of it, outside a transaction) turns hot, and the claims of it
+// that this Claimer makes at once share one statement: at most one is in
+// flight per key, and a claim takes the answer only of a statement that
+// began after the claim did, so a claim that comes while one is in flight
+// waits for it to end and shares the next. On PostgreSQL the statement
+// shared is the claim itself, made with the token of the claim that sends
+// it: when it wins, that claim holds the key and the others fail with
+// [contend.ErrConflict] (the key was held, by it, at a moment within their
+// calls), as all do when it loses; a missing row is [contend.ErrNotFound]
+// for all. On MySQL and MariaDB, where every UPDATE locks the row it
+// reads, a loser's too, it is a plain read that takes no lock and waits
+// for none: a key held fails the claims with ErrConflict without a write,
+// a missing row with ErrNotFound, and a free key is claimed by each as any
+// key (a winner pays two round trips). A claim waits for at most the
+// statement in flight and the one it shares (once more if the claim that
+// sent it gave up before the answer came), never past its ctx, and holds
+// no connection while it waits. A key claimed by one caller at a time
+// never turns hot, however often it is claimed. Which keys are hot is
+// remembered per Claimer, in memory bounded whatever the keys (a few tens
+// of kilobytes).
 //
 // A claim lasts until released or, with a lease column, until its lease
 // passes. Without a lease a crashed holder's claim stays until cleared by
@@ -148,13 +151,13 @@ type Claimer struct {
 	tracked  claims           // of Claim and ClaimAs, when observed
 
 	// losses keeps, per key, how often this claimer's recent claims made
-	// outside a transaction lost: a key that turned hot is read before it is
-	// claimed (claimRow). It is the one owner of that state. nil on a
+	// outside a transaction lost: the claims of a key that turned hot share
+	// their statement (claimRow). It is the one owner of that state. nil on a
 	// transaction, whose claims always run the claim's statement.
 	losses *keyrate.Table
-	// reads are the reads of hot keys, shared by the claims that want them
-	// at once (readKey). nil on a transaction, as losses.
-	reads *readshare.Reads
+	// hot is the statement of hot keys, shared by the claims that want
+	// it at once (hotStatement). nil on a transaction, as losses.
+	hot *share.Calls
 
 	prep  firstuse.Step                // prepares stmts at the first call
 	stmts syncatomic.Pointer[prepared] // nil until prepared; set once
@@ -231,7 +234,7 @@ func NewClaimer(db contend.DB, cfg ClaimerConfig) (*Claimer, error) {
 	c := &Claimer{finish: cfg.FinishTimeout, onTx: d.Tx() != nil, db: d, table: cfg.Table, observer: cfg.Observer}
 	if !c.onTx {
 		c.losses = keyrate.New(keyrate.Config{Window: lossWindow, Enter: lossEnter, Leave: lossLeave, Keys: lossKeys})
-		c.reads = readshare.New(c.readKey)
+		c.hot = share.New(c.hotStatement)
 	}
 	if lease != "" {
 		c.lease = cfg.Lease
@@ -281,31 +284,26 @@ func postgresPlan(table, key, owner, lease string) plan {
 	// its own sees which (probedClaim). A hot key's losers would otherwise
 	// pay a second query each; and the answer is a count, of rows without
 	// columns, not values to scan, and none for a win, so the driver's cost
-	// is the bare UPDATE's.
+	// is the bare UPDATE's. A losing UPDATE takes no row lock and costs the
+	// server what a read of the row does, so the claims of a hot key share
+	// the claim itself (claimRow) rather than a read.
 	claimSQL = fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT FROM (VALUES (1), (2)) AS outcome (n) `+
 		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1 AND %s IS NOT TRUE))`,
 		claimSQL, table, key, free)
 	existsSQL := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`, table, key)
-	// The read of a hot key answers in its count too (readHeld, readFree,
-	// readMissing): no row for its common answer, as the claim's for a
-	// win. It takes no lock, and waits for none: a claim being committed
-	// shows as free (the claim then waits for it and loses), a release
-	// being committed as held (true until it commits).
-	readSQL := fmt.Sprintf(`SELECT FROM generate_series(1, COALESCE((SELECT CASE WHEN %s THEN 1 ELSE 0 END FROM %s WHERE %s = $1), 2))`,
-		free, table, key)
-	return plan{claim: claimSQL, exists: existsSQL, read: readSQL, release: releaseSQL, extend: extendSQL, won: 0, unsure: 2}
+	return plan{claim: claimSQL, exists: existsSQL, release: releaseSQL, extend: extendSQL, won: 0, unsure: 2}
 }
 
 // A plan is a claimer's statements, to be prepared at its first call: their
 // text, the order each takes the claimer's arguments in (nil: as passed,
 // key, token and the lease), and the counts of the claim's statement that
 // tell a win (won) and a result it cannot tell (unsure; see probedClaim).
-// readScans says that read answers in a value rather than in its count of
-// rows (MySQL, whose drivers count no rows of a SELECT).
+// read is MySQL's read of a hot key, which answers in a value (its drivers
+// count no rows of a SELECT); "" on PostgreSQL, where a hot key's claims
+// share the claim itself.
 type plan struct {
 	claim, exists, read, release, extend string // extend: "" without a lease column
 	lockedExists                         string // MySQL's probe in a transaction; "" on PostgreSQL
-	readScans                            bool
 	claimOrder, extendOrder              []int
 	won, unsure                          int64
 }
@@ -313,12 +311,13 @@ type plan struct {
 // prepared is a claimer's statements, prepared.
 type prepared struct {
 	claim   sqldb.Stmt // key, token [, lease µs] → 0 rows: claimed, 1: held, 2: no row
-	read    sqldb.Stmt // key → readHeld, readFree or readMissing
+	read    sqldb.Stmt // key → readHeld, readFree or readMissing; nil on PostgreSQL
 	release sqldb.Stmt // key, token
 	extend  sqldb.Stmt // key, token, lease µs; nil without a lease column
 }
 
-// What the read of a hot key answers, as its count.
+// What MySQL's read of a hot key answers (the last also the claim's count
+// for no row).
 const (
 	readHeld    = 0
 	readFree    = 1 // free, or its lease has passed
@@ -342,7 +341,7 @@ func (p plan) prepare(ctx context.Context, d sqldb.DB) (*prepared, error) {
 			return nil, err
 		}
 	}
-	if p.readScans {
+	if read != nil {
 		read = scannedCount{read}
 	}
 	st := &prepared{
@@ -529,48 +528,59 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 		// Nothing sent, so nothing to release.
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	}
-	st, err := c.statements(ctx)
-	if err != nil {
+	if _, err := c.statements(ctx); err != nil {
 		return err
 	}
 	tx, err := c.tx(ctx)
 	if err != nil {
 		return fmt.Errorf("atomic: claim %q: %w", key, err)
 	}
-	// Only claims outside a transaction are counted, and read first: in
-	// one, a concurrent claim waits for the other transaction rather than
-	// losing, and a read could see the transaction's snapshot rather than
-	// the row.
+	// Only claims outside a transaction are counted, and shared: in one,
+	// a concurrent claim waits for the other transaction rather than
+	// losing, a read could see the transaction's snapshot rather than the
+	// row, and a claim must be the transaction's own.
 	losses := c.losses
 	if tx != nil {
 		losses = nil
 	}
 	if losses != nil && losses.Hot(key) {
-		// Most claims of this key lose: a plain read tells a loser so
-		// without the claim's write and its probe and, on MySQL, without
-		// the row lock every UPDATE there takes, a loser's too, in turn.
-		// (On PostgreSQL a losing UPDATE waits only for a claim being
-		// committed, which the read sees free: the claim then waits as
-		// before.) A held key was held as the read ran, which is all a
-		// lost claim says either. The claims of this Claimer that want
-		// the key at once share one read, which began after each of them
-		// did (readshare), so the others sleep instead of each sending
-		// one, and "held" was still true within each one's call.
-		switch n, err := c.reads.Do(ctx, key); {
+		// Most claims of this key lose. The claims of this Claimer that
+		// want it at once share one statement, which began after each of
+		// them did (share), so the others sleep instead of each sending
+		// one, and its answer was true within each one's call.
+		n, sent, err := c.hot.Do(ctx, key, token)
+		claims := c.plan.read == "" // the statement shared is the claim itself
+		switch {
+		case claims && sent:
+			return c.claimed(ctx, key, token, losses, n, err)
 		case err != nil:
 			return fmt.Errorf("atomic: claim %q: %w", key, err)
-		case n == readMissing:
+		case n == readMissing: // the claim's count for no row too
 			return fmt.Errorf("atomic: claim %q: %w", key, contend.ErrNotFound)
-		case n == readHeld:
+		case claims, n == readHeld:
+			// Held by the claim another caller sent, which won, or by the
+			// holder it lost to; or held as the read ran.
 			losses.Record(key, 1, 1)
 			return &heldError{key}
 		}
+		// The read found the key free: claim it, as any key.
 	}
+	n, err := c.claimStatement(ctx, tx, key, token)
+	return c.claimed(ctx, key, token, losses, n, err)
+}
+
+// claimStatement runs the claim's statement, in tx when not nil: its
+// count is 0 for a claim made, 1 for a key held, 2 for no row.
+func (c *Claimer) claimStatement(ctx context.Context, tx sqldb.Tx, key, token string) (int64, error) {
 	args := 2
 	if c.lease > 0 {
 		args = 3
 	}
-	n, err := c.exec(ctx, tx, st.claim, args, key, token)
+	return c.exec(ctx, tx, c.stmts.Load().claim, args, key, token)
+}
+
+// claimed is the outcome of a claim whose statement answered n, err.
+func (c *Claimer) claimed(ctx context.Context, key, token string, losses *keyrate.Table, n int64, err error) error {
 	switch {
 	case err != nil && c.mayHaveClaimed(ctx, err):
 		return c.releaseUnknown(ctx, key, token, err)
@@ -588,10 +598,14 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 	return &heldError{key}
 }
 
-// readKey reads key's row outside any transaction, for the claims of a hot
-// key (claimRow), which share it: it answers readHeld, readFree or
-// readMissing. Its claims prepared the statements first.
-func (c *Claimer) readKey(ctx context.Context, key string) (int64, error) {
+// hotStatement is the statement the claims of a hot key share, outside any
+// transaction (claimRow): on PostgreSQL the claim itself, with the token of
+// the claim that sends it; on MySQL a read, which answers readHeld,
+// readFree or readMissing. Its claims prepared the statements first.
+func (c *Claimer) hotStatement(ctx context.Context, key, token string) (int64, error) {
+	if c.plan.read == "" {
+		return c.claimStatement(ctx, nil, key, token)
+	}
 	return c.exec(ctx, nil, c.stmts.Load().read, 1, key, "")
 }
 

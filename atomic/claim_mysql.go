@@ -14,7 +14,8 @@ import (
 // lease µs) through an order of its own. There is no UPDATE ... RETURNING
 // to tell a win, a lost race and a missing row apart in one round trip, so
 // a claim that matched no row asks whether the row exists (only losers pay
-// it, in a statement of its own; on a hot key the read replaces both). And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
+// it, in a statement of its own; on a hot key a shared read replaces both).
+// And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
 // server's clock, whatever each session's time_zone, read as each statement
 // begins (not as its transaction did, unlike PostgreSQL's now()).
 //
@@ -49,15 +50,17 @@ func mysqlPlan(table, key, owner, lease string) plan {
 	// transaction ends; outside one, a plain SELECT sees the latest row
 	// already, and waits for no lock.
 	lockedExistsSQL := fmt.Sprintf("SELECT COUNT(*) > 0 FROM %s WHERE %s = ? LOCK IN SHARE MODE", table, key)
-	// The read of a hot key (see postgresPlan) answers in a value, the
-	// same numbers: an aggregate has its one row whether the key's is there
-	// or not, and an integer, not SUM's decimal, scans without a parse. Outside a transaction, the only place it runs, it is a
+	// The claims of a hot key share a read here, not the claim itself (as
+	// on PostgreSQL): every UPDATE locks the row it reads, a loser's too, in
+	// turn. Outside a transaction, the only place it runs, the read is a
 	// consistent read of the latest committed row: it takes no lock and
-	// waits for none, where every losing UPDATE locks the row in turn.
+	// waits for none. It answers in a value (readHeld, readFree or
+	// readMissing): an aggregate has its one row whether the key's is there
+	// or not, and an integer, not SUM's decimal, scans without a parse.
 	readSQL := fmt.Sprintf("SELECT CAST(2 * (COUNT(*) = 0) + COALESCE(SUM((%s) IS TRUE), 0) AS SIGNED) FROM %s WHERE %s = ?",
 		free, table, key)
 	// The release takes key, token: the order the claimer passes them in.
-	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, read: readSQL, readScans: true,
+	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, read: readSQL,
 		release: releaseSQL, extend: extendSQL,
 		claimOrder: claimOrder, extendOrder: []int{argLease, argKey, argToken}, won: 1, unsure: 0}
 }

@@ -18,14 +18,14 @@
 // only with that token, so a late release never clears a newer claim. It is a
 // [contend.Guard].
 //
-// A Claimer reads a key whose claims keep losing before it claims it, so
-// that on a hot key the many losers of each round pay a plain read, which
-// takes no lock, instead of the write; winners on keys claimed one at a
-// time keep their single statement. The claims of a hot key that one
-// Claimer makes at once share that read, one in flight at a time, each
-// taking only the answer of a read that began after it did: the others
-// sleep, holding no connection, for at most the read in flight and their
-// own, never past their ctx.
+// The claims of a key that keep losing, made by one Claimer at once, share
+// one statement, one in flight at a time, each taking only the answer of a
+// statement that began after it did: the others sleep, holding no
+// connection, for at most the statement in flight and their own, never past
+// their ctx. On PostgreSQL it is the claim itself: one of them wins or all
+// lose, as if each had sent it, for one statement instead of many. On MySQL
+// and MariaDB, where a losing UPDATE locks the row, it is a plain read. Keys
+// claimed one at a time keep their single statement.
 //
 // Limits: the rule must fit in one row (or one statement). A decision that
 // reads several rows or tables needs a transaction (package pessimistic or

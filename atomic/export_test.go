@@ -1,8 +1,8 @@
 package atomic
 
-// ReadsSent returns how many reads of hot keys c has sent.
-func ReadsSent(c *Claimer) int64 { return c.reads.Sent() }
+// HotSent returns how many statements of hot keys c's claims shared.
+func HotSent(c *Claimer) int64 { return c.hot.Sent() }
 
-// ReadCallers returns how many of c's claims of key wait for, send or
-// share a read of it.
-func ReadCallers(c *Claimer, key string) int { return c.reads.Callers(key) }
+// HotCallers returns how many of c's claims of key wait for, send or share
+// a statement of a hot key.
+func HotCallers(c *Claimer, key string) int { return c.hot.Callers(key) }

@@ -18,7 +18,7 @@ import (
 	"github.com/contend/contend/internal/testserver"
 )
 
-// proxiedSetup is readFirstSetup with the claimer's handle behind a fault
+// proxiedSetup is hotKeySetup with the claimer's handle behind a fault
 // proxy of its own, whose connections to PostgreSQL carry appName: it
 // returns the handle, the proxy, and a pool of the test's own, direct.
 func proxiedSetup(t *testing.T, driver, appName string, ids ...string) (contend.DB, *faultproxy.Proxy, *sqlx.DB) {
@@ -54,10 +54,10 @@ func makeHot(t *testing.T, ctx context.Context, c *atomic.Claimer, db *sqlx.DB, 
 }
 
 // Many callers of one Claimer claiming a held hot key at once all lose,
-// and share the reads that tell them so: far fewer reads are sent than
+// and share the statements that tell them so: far fewer are sent than
 // claims made. The link to the server is slow, so that the callers come
-// while a read is in flight, as they do on a busy server.
-func TestHotKeyClaimsShareTheirRead(t *testing.T) {
+// while a statement is in flight, as they do on a busy server.
+func TestHotKeyClaimsShareTheirStatement(t *testing.T) {
 	t.Parallel()
 	for _, driver := range claimerDrivers() {
 		t.Run(driver, func(t *testing.T) {
@@ -69,7 +69,7 @@ func TestHotKeyClaimsShareTheirRead(t *testing.T) {
 			makeHot(t, ctx, c, db, "hot")
 
 			proxy.SetLatency(20 * time.Millisecond)
-			before := atomic.ReadsSent(c)
+			before := atomic.HotSent(c)
 			const callers, each = 64, 4
 			begin := make(chan struct{})
 			errs := make(chan error, callers*each)
@@ -88,24 +88,24 @@ func TestHotKeyClaimsShareTheirRead(t *testing.T) {
 			for err := range errs {
 				require.ErrorIs(t, err, contend.ErrConflict)
 			}
-			reads := atomic.ReadsSent(c) - before
-			t.Logf("%d claims, %d reads", callers*each, reads)
-			require.Positive(t, reads)
-			require.LessOrEqual(t, reads, int64(callers*each/8), "the claims did not share their reads")
-			require.Zero(t, atomic.ReadCallers(c, "hot"))
+			sent := atomic.HotSent(c) - before
+			t.Logf("%d claims, %d statements", callers*each, sent)
+			require.Positive(t, sent)
+			require.LessOrEqual(t, sent, int64(callers*each/8), "the claims did not share their statements")
+			require.Zero(t, atomic.HotCallers(c, "hot"))
 		})
 	}
 }
 
-// A claim never takes the answer of a read that began before it did. The
-// read of a held hot key has run on the server and its answer is on its
-// way back over a slow link; the key is then freed, and a second claim
-// comes: it must not take the first read's "held" (the key was free all
-// through its call), so it waits for that read to end, sends its own, and
-// claims the key. The first claim loses: the key was held as its read ran.
-// Sharing whichever read is in flight would give the second claim a
+// A claim never takes the answer of a statement that began before it did.
+// The claim of a held hot key has run on the server and its answer is on
+// its way back over a slow link; the key is then freed, and a second claim
+// comes: it must not take the first claim's "held" (the key was free all
+// through its call), so it waits for that claim to end, sends its own, and
+// claims the key. The first claim loses: the key was held as it ran.
+// Sharing whichever statement is in flight would give the second claim a
 // conflict here.
-func TestHotKeyClaimTakesNoReadOlderThanItself(t *testing.T) {
+func TestHotKeyClaimTakesNoAnswerOlderThanItself(t *testing.T) {
 	t.Parallel()
 	for _, driver := range testserver.AllDrivers {
 		t.Run(driver, func(t *testing.T) {
@@ -123,25 +123,25 @@ func TestHotKeyClaimTakesNoReadOlderThanItself(t *testing.T) {
 			proxy.SetLatency(latency)
 			first := make(chan error, 1)
 			go func() { first <- c.ClaimAs(ctx, "hot", "first") }()
-			// The read has run on the server once its session is idle again,
+			// The claim has run on the server once its session is idle again,
 			// after a statement that began after this test's clock read.
 			ran := func() bool {
 				var ok bool
 				err := db.Get(&ok, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = $1
-					AND state = 'idle' AND query LIKE 'SELECT FROM generate_series%' AND query_start > $2)`, appName, began)
+					AND state = 'idle' AND query LIKE 'WITH claimed AS%' AND query_start > $2)`, appName, began)
 				return err == nil && ok
 			}
-			require.Eventually(t, ran, 30*time.Second, 5*time.Millisecond, "the first claim's read never ran")
+			require.Eventually(t, ran, 30*time.Second, 5*time.Millisecond, "the first claim never ran")
 			setOwner(t, db, "hot", nil)
 
 			second := make(chan error, 1)
 			go func() { second <- c.ClaimAs(ctx, "hot", "second") }()
-			require.Eventually(t, func() bool { return atomic.ReadCallers(c, "hot") == 2 }, 30*time.Second, time.Millisecond,
-				"the second claim did not come while the first's read was in flight")
-			require.ErrorIs(t, <-first, contend.ErrConflict, "the key was held as the first claim's read ran")
+			require.Eventually(t, func() bool { return atomic.HotCallers(c, "hot") == 2 }, 30*time.Second, time.Millisecond,
+				"the second claim did not come while the first was in flight")
+			require.ErrorIs(t, <-first, contend.ErrConflict, "the key was held as the first claim ran")
 			err := <-second
 			require.False(t, errors.Is(err, contend.ErrConflict),
-				"a claim that came after the key was freed took the answer of a read that began before it: %v", err)
+				"a claim that came after the key was freed took the answer of a claim that began before it: %v", err)
 			require.NoError(t, err)
 			released, err := c.Release(ctx, "hot", "second")
 			require.NoError(t, err)

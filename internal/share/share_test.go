@@ -1,4 +1,4 @@
-package readshare
+package share
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 // A caller as the model sees it: where it is in its call.
 type caller struct {
 	key     string
-	arrived int   // the step at which its call began
-	rd      *read // the read it waits for, sends or shares
+	arrived int     // the step at which its call began
+	rd      *flight // the statement it waits for, sends or shares
 	state   callerState
 }
 
@@ -40,7 +40,7 @@ func TestCoreStateMachine(t *testing.T) {
 		var (
 			step    int
 			callers []*caller
-			began   = map[*read]int{} // the step at which each read was sent
+			began   = map[*flight]int{} // the step at which each read was sent
 		)
 		keys := rapid.SampledFrom([]string{"a", "b"})
 		pick := func(t *rapid.T, ok func(*caller) bool) *caller {
@@ -209,7 +209,7 @@ type result struct {
 
 func newGate() *gate { return &gate{calls: make(chan call)} }
 
-func (g *gate) read(ctx context.Context, _ string) (int64, error) {
+func (g *gate) read(ctx context.Context, _, _ string) (int64, error) {
 	c := call{ctx: ctx, answer: make(chan result)}
 	g.calls <- c
 	r := <-c.answer
@@ -221,10 +221,10 @@ type outcome struct {
 	err error
 }
 
-func start(r *Reads, ctx context.Context, key string) chan outcome {
+func start(r *Calls, ctx context.Context, key string) chan outcome {
 	out := make(chan outcome, 1)
 	go func() {
-		n, err := r.Do(ctx, key)
+		n, _, err := r.Do(ctx, key, "")
 		out <- outcome{n, err}
 	}()
 	return out
@@ -265,7 +265,7 @@ type idKey struct{}
 
 // callersOf starts n callers of key, each under a ctx of its own, and
 // returns their outcomes and the cancel funcs of their ctxs.
-func callersOf(r *Reads, parent context.Context, key string, n int) ([]chan outcome, []context.CancelCauseFunc) {
+func callersOf(r *Calls, parent context.Context, key string, n int) ([]chan outcome, []context.CancelCauseFunc) {
 	var outs []chan outcome
 	var cancels []context.CancelCauseFunc
 	for i := range n {
@@ -346,7 +346,7 @@ func TestDoRetriesWhenTheSenderGivesUp(t *testing.T) {
 // key under the race detector leave nothing behind.
 func TestDoUnderLoad(t *testing.T) {
 	var sent sync.Map
-	r := New(func(ctx context.Context, key string) (int64, error) {
+	r := New(func(ctx context.Context, key, _ string) (int64, error) {
 		sent.Store(key, true)
 		return int64(len(key)), nil
 	})
@@ -355,7 +355,7 @@ func TestDoUnderLoad(t *testing.T) {
 		wg.Go(func() {
 			key := []string{"a", "bb"}[i%2]
 			for range 100 {
-				n, err := r.Do(context.Background(), key)
+				n, _, err := r.Do(context.Background(), key, "")
 				if err != nil || n != int64(len(key)) {
 					panic(fmt.Sprintf("%q: %d, %v", key, n, err))
 				}
@@ -365,4 +365,47 @@ func TestDoUnderLoad(t *testing.T) {
 	wg.Wait()
 	require.Empty(t, r.c.keys)
 	require.LessOrEqual(t, r.Sent(), int64(64*100))
+}
+
+// The statement runs with the argument of the caller that sends it, and
+// only that caller is told it sent it: a claim's win is its sender's, a
+// loss to the others.
+func TestDoTellsOnlyTheSender(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		args := make(chan string, 8)
+		release := make(chan struct{})
+		r := New(func(ctx context.Context, _, arg string) (int64, error) {
+			args <- arg
+			<-release
+			return 7, nil
+		})
+		type got struct {
+			arg  string
+			sent bool
+		}
+		outs := make(chan got, 8)
+		do := func(arg string) {
+			n, sent, err := r.Do(t.Context(), "k", arg)
+			if n != 7 || err != nil {
+				panic(fmt.Sprintf("%d, %v", n, err))
+			}
+			outs <- got{arg, sent}
+		}
+		go do("first")
+		require.Equal(t, "first", <-args)
+		for _, arg := range []string{"a", "b", "c"} {
+			go do(arg)
+		}
+		synctest.Wait()
+		release <- struct{}{}
+		require.Equal(t, got{"first", true}, <-outs)
+		sender := <-args
+		require.Contains(t, []string{"a", "b", "c"}, sender)
+		release <- struct{}{}
+		for range 3 {
+			g := <-outs
+			require.Equal(t, g.arg == sender, g.sent, "%+v, sent by %q", g, sender)
+		}
+		require.Empty(t, args)
+	})
 }
