@@ -69,8 +69,9 @@ const (
 // key's conflict rate averages over about window samples; it goes under
 // the lock at enter and back at leave. 0.2 against 0.05 is a gap of four
 // times, wide enough that a key near one of them does not flap, and a
-// window of 32 moves a key within a few dozen calls, which a hot key makes
-// in milliseconds.
+// window of 32 moves a key that moved before within a few dozen calls,
+// which a hot key makes in milliseconds; a new key, whose rate is the mean
+// of the samples it has, moves at its first lost races.
 //
 // How long fn holds is not in the rule. A conflict in optimistic mode
 // wastes one run of fn, holding a pooled connection; a wait in locked mode

@@ -60,10 +60,11 @@
 // a window in its new mode before it moves again: the gap between the
 // thresholds and that stay keep a key whose rate hovers near one of them
 // from flapping. A key new to the Guard moves as soon as its rate reaches
-// 0.2, eight lost races in a row. These are fixed, not settings. A call
-// whose key went under the lock while it waited for a connection, or
-// while it retried, goes on locked. [Guard.Mode] says what a key's next
-// call will do.
+// 0.2, its rate being the plain mean of its samples until it has 32: at its
+// first lost race, unless more than four wins came before it. These are
+// fixed, not settings. A call whose key went under the lock while it
+// waited for a connection, or while it retried, goes on locked.
+// [Guard.Mode] says what a key's next call will do.
 //
 // Memory is bounded: the rates live in a fixed table of [Config.Keys] slots,
 // in pairs found by a hash of the key. A key whose pair is full takes the

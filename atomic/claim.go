@@ -78,9 +78,10 @@ const defaultLease = 30 * time.Second
 // claim wait for the statement in flight, and on MySQL adds a read to a
 // winner's round trip, so it pays once about half of a key's recent claims
 // lost; the key goes back at a quarter, and stays at least half a window in
-// either state, so that a rate near a threshold does not flap. A window of
-// 32 turns a hot key within a few dozen claims; a key claimed by one caller
-// at a time, however often, never turns. lossKeys bounds the memory (about 40 bytes a key, per
+// either state, so that a rate near a threshold does not flap. A key's rate
+// is the mean of its claims until it has 32 (the window), so a new key turns
+// hot at its first lost claim unless more claims won before it; a key
+// claimed by one caller at a time, however often, never turns. lossKeys bounds the memory (about 40 bytes a key, per
 // Claimer on a pool); a hot key keeps its slot against cold ones, so it
 // need not cover every key claimed, only the keys hot at once.
 const (

@@ -5,7 +5,11 @@
 // least half a window in a state it moved to before it moves again: the gap
 // between the thresholds and that stay keep a key whose rate hovers near one
 // of them from flapping. A key new to the table moves as soon as its rate
-// crosses.
+// crosses, and its rate is the plain mean of its samples until it has a
+// window of them: a new key's first lost race counts for what it says (a
+// running average that started at zero would need about a fifth of a
+// window of them in a row to reach a threshold of 0.2, and as many calls
+// of a key that just turned hot would pay for the wait).
 package keyrate
 
 import (
@@ -43,6 +47,7 @@ type Table struct {
 	mask         uint64 // of a pair's index
 	pairs        []pair
 	alpha        float64 // weight of a new sample: 1/Window
+	window       int
 	enter, leave float64
 	dwell        int // samples a key stays in a state it moved to before it may leave it
 }
@@ -58,21 +63,23 @@ type pair struct {
 type slot struct {
 	hash  uint64 // the key's; 0 marks an empty slot
 	hot   bool
-	rate  float64 // conflicts per sample, averaged over about 1/alpha samples
+	rate  float64 // conflicts per sample, averaged over about 1/alpha samples (over seen, while fewer)
 	since int     // samples since the key entered its state; dwell for a newcomer
+	seen  int     // samples since the key took its slot, up to the window
 }
 
 // New returns an empty table for c, which the caller has validated.
 func New(c Config) *Table {
 	n := uint64(1) << bits.Len(uint(max(c.Keys, 2)-1)) // slots, in pairs
 	return &Table{
-		seed:  maphash.MakeSeed(),
-		mask:  n/2 - 1,
-		pairs: make([]pair, n/2),
-		alpha: 1 / float64(c.Window),
-		enter: c.Enter,
-		leave: c.Leave,
-		dwell: (c.Window + 1) / 2,
+		seed:   maphash.MakeSeed(),
+		mask:   n/2 - 1,
+		pairs:  make([]pair, n/2),
+		alpha:  1 / float64(c.Window),
+		window: c.Window,
+		enter:  c.Enter,
+		leave:  c.Leave,
+		dwell:  (c.Window + 1) / 2,
 	}
 }
 
@@ -152,7 +159,12 @@ func (t *Table) Record(key string, samples, conflicts int) (hot bool) {
 		if i < conflicts {
 			x = 1
 		}
-		s.rate += (x - s.rate) * t.alpha
+		a := t.alpha
+		if s.seen < t.window {
+			s.seen++
+			a = 1 / float64(s.seen)
+		}
+		s.rate += (x - s.rate) * a
 	}
 	s.since += samples
 	if s.since < t.dwell {

@@ -51,10 +51,10 @@ func TestHysteresis(t *testing.T) {
 	require.Greater(t, n, window/2, "one quiet call is not a cool key")
 }
 
-// A key new to the table turns hot as soon as its rate reaches Enter: the
-// stay is for a key that moved, which must not move back on the samples
-// that moved it. Once moved, the key stays half a window, whatever its
-// samples.
+// A key new to the table turns hot as soon as its rate reaches Enter, its
+// rate being the mean of the samples it has: the stay is for a key that
+// moved, which must not move back on the samples that moved it. Once
+// moved, the key stays half a window, whatever its samples.
 func TestNewcomerMovesAtOnce(t *testing.T) {
 	t.Parallel()
 	const window = 32
@@ -64,9 +64,15 @@ func TestNewcomerMovesAtOnce(t *testing.T) {
 		tb.Record("k", 1, 1)
 	}
 	require.True(t, tb.Hot("k"))
-	// 1 − (31/32)^n ≥ 0.2 first at n = 8: half a window (16) would be the
-	// stay's.
-	require.Equal(t, 8, n, "conflicts before a new key turned hot")
+	// A running average from zero, 1 − (31/32)^n ≥ 0.2, would take 8;
+	// half a window (16) would be the stay's.
+	require.Equal(t, 1, n, "conflicts before a new key turned hot")
+
+	// A new key's lost race among more wins than 1/Enter is below Enter.
+	tb.Record("calm", 9, 1)
+	require.False(t, tb.Hot("calm"))
+	tb.Record("calm", 1, 1)
+	require.True(t, tb.Hot("calm"), "two conflicts in ten samples reach 0.2")
 
 	// Cooled, it has moved: its rate reaches Enter again within six
 	// conflicts, but it stays cold for half a window.
@@ -138,10 +144,10 @@ func TestEvictedKeyStartsOver(t *testing.T) {
 	require.True(t, tb.Hot("a"))
 	require.True(t, tb.Hot(b))
 
-	tb.Record(newcomer, 1, 1)
+	tb.Record(newcomer, 1, 0)
 	require.True(t, tb.Hot("a"), "the key recorded more recently stays")
 	require.False(t, tb.Hot(b), "an evicted key starts over")
 	require.False(t, tb.Hot(newcomer), "a newcomer starts cold")
-	tb.Record(b, 1, 1)
+	tb.Record(b, 1, 0)
 	require.False(t, tb.Hot(b), "a key that comes back starts over")
 }
