@@ -275,49 +275,55 @@ func postgresPlan(table, key, owner, lease string) plan {
 		extendSQL = fmt.Sprintf(`UPDATE %s SET %s = %s WHERE %s = $1 AND %s = $2 AND %s >= clock_timestamp()`,
 			table, lease, deadline, key, owner, lease)
 	}
-	// One round trip tells a win and a lost race apart, in the count of
-	// rows the statement reports, as the bare UPDATE reports its own: the
-	// UPDATE in the WITH runs to completion whatever the outer query reads;
-	// the outer query sees the row as the statement began, and gives no row
-	// after a claim, one when the row was held then, and two when it was
-	// not there or free. A row free then and not claimed was taken, or
-	// deleted, while the UPDATE waited for its lock: only a statement of
-	// its own sees which (probedClaim). A hot key's losers would otherwise
-	// pay a second query each; and the answer is a count, of rows without
-	// columns, not values to scan, and none for a win, so the driver's cost
-	// is the bare UPDATE's. A losing UPDATE takes no row lock and costs the
-	// server what a read of the row does, so the claims of a hot key share
-	// the claim itself (claimRow) rather than a read.
-	claimSQL = fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT FROM (VALUES (1), (2)) AS outcome (n) `+
+	// A claim is the bare UPDATE: a win costs one round trip and the
+	// server what any conditional UPDATE does. A claim that matched no row
+	// asks whether the row exists, in a statement of its own (probedClaim),
+	// which sees a row deleted while the UPDATE waited for its lock.
+	//
+	// The claims of a hot key, most of which lose, share one statement
+	// (claimRow) that tells a win, a lost race and a missing row apart in
+	// one round trip, in the count of rows it reports: the UPDATE in the
+	// WITH runs to completion whatever the outer query reads; the outer
+	// query sees the row as the statement began, and gives no row after a
+	// claim, one when the row was held then, and two when it was not there
+	// or free (free then and not claimed: taken or deleted while the UPDATE
+	// waited, which the same probe tells). It costs the server more than
+	// the bare UPDATE (about 10% more per claim and release, with pgbench),
+	// so only a hot key pays it. A losing UPDATE takes no row lock and
+	// costs the server what a read of the row does, so a hot key's claims
+	// share the claim itself rather than a read.
+	hotSQL := fmt.Sprintf(`WITH claimed AS (%s RETURNING 1) SELECT FROM (VALUES (1), (2)) AS outcome (n) `+
 		`WHERE NOT EXISTS (SELECT FROM claimed) AND (n = 1 OR NOT EXISTS (SELECT FROM %s WHERE %s = $1 AND %s IS NOT TRUE))`,
 		claimSQL, table, key, free)
 	existsSQL := fmt.Sprintf(`SELECT EXISTS (SELECT FROM %s WHERE %s = $1)`, table, key)
-	return plan{claim: claimSQL, exists: existsSQL, release: releaseSQL, extend: extendSQL, won: 0, unsure: 2}
+	return plan{claim: claimSQL, exists: existsSQL, hot: hotSQL, hotClaims: true, release: releaseSQL, extend: extendSQL,
+		won: 1, unsure: 0}
 }
 
 // A plan is a claimer's statements, to be prepared at its first call: their
 // text, the order each takes the claimer's arguments in (nil: as passed,
 // key, token and the lease), and the counts of the claim's statement that
 // tell a win (won) and a result it cannot tell (unsure; see probedClaim).
-// read is MySQL's read of a hot key, which answers in a value (its drivers
-// count no rows of a SELECT); "" on PostgreSQL, where a hot key's claims
-// share the claim itself.
+// hot is the statement a hot key's claims share: a claim that tells its
+// outcome in one round trip (hotClaims: PostgreSQL), or a read that
+// answers in a value (MySQL, whose drivers count no rows of a SELECT).
 type plan struct {
-	claim, exists, read, release, extend string // extend: "" without a lease column
-	lockedExists                         string // MySQL's probe in a transaction; "" on PostgreSQL
-	claimOrder, extendOrder              []int
-	won, unsure                          int64
+	claim, exists, hot, release, extend string // extend: "" without a lease column
+	lockedExists                        string // MySQL's probe in a transaction; "" on PostgreSQL
+	hotClaims                           bool
+	claimOrder, extendOrder             []int
+	won, unsure                         int64
 }
 
 // prepared is a claimer's statements, prepared.
 type prepared struct {
-	claim   sqldb.Stmt // key, token [, lease µs] → 0 rows: claimed, 1: held, 2: no row
-	read    sqldb.Stmt // key → readHeld, readFree or readMissing; nil on PostgreSQL
+	claim   sqldb.Stmt // key, token [, lease µs] → 0: claimed, 1: held, 2: no row
+	hot     sqldb.Stmt // the claim's answer in one round trip (hotClaims), or key → readHeld, readFree or readMissing
 	release sqldb.Stmt // key, token
 	extend  sqldb.Stmt // key, token, lease µs; nil without a lease column
 }
 
-// What MySQL's read of a hot key answers (the last also the claim's count
+// What MySQL's read of a hot key answers (the last also a claim's answer
 // for no row).
 const (
 	readHeld    = 0
@@ -328,28 +334,30 @@ const (
 // prepare prepares p's statements on d, or closes what it prepared and
 // fails.
 func (p plan) prepare(ctx context.Context, d sqldb.DB) (*prepared, error) {
-	var claim, exists, lockedExists, read, release, extend sqldb.Stmt
+	var claim, exists, lockedExists, hot, release, extend sqldb.Stmt
 	for _, s := range []struct {
 		dst   *sqldb.Stmt
 		query string
-	}{{&claim, p.claim}, {&exists, p.exists}, {&lockedExists, p.lockedExists}, {&read, p.read}, {&release, p.release}, {&extend, p.extend}} {
+	}{{&claim, p.claim}, {&exists, p.exists}, {&lockedExists, p.lockedExists}, {&hot, p.hot}, {&release, p.release}, {&extend, p.extend}} {
 		if s.query == "" {
 			continue
 		}
 		var err error
 		if *s.dst, err = d.Prepare(ctx, s.query); err != nil {
-			closeAll(claim, exists, lockedExists, read, release, extend)
+			closeAll(claim, exists, lockedExists, hot, release, extend)
 			return nil, err
 		}
-	}
-	if read != nil {
-		read = scannedCount{read}
 	}
 	st := &prepared{
 		claim: probedClaim{claim: inOrder(claim, p.claimOrder), exists: exists, lockedExists: lockedExists,
 			onTx: d.Tx() != nil, won: p.won, unsure: p.unsure},
-		read:    read,
+		hot:     scannedCount{hot},
 		release: release,
+	}
+	if p.hotClaims {
+		// Its count is the answer: no row for a claim made, one for a key
+		// held, two for a row missing or one it cannot tell.
+		st.hot = probedClaim{claim: inOrder(hot, p.claimOrder), exists: exists, won: 0, unsure: 2, borrowsExists: true}
 	}
 	if extend != nil {
 		st.extend = inOrder(extend, p.extendOrder)
@@ -359,7 +367,7 @@ func (p plan) prepare(ctx context.Context, d sqldb.DB) (*prepared, error) {
 
 func (st *prepared) close() error {
 	var errs []error
-	for _, s := range []sqldb.Stmt{st.claim, st.read, st.release, st.extend} {
+	for _, s := range []sqldb.Stmt{st.claim, st.hot, st.release, st.extend} {
 		if s != nil {
 			errs = append(errs, s.Close())
 		}
@@ -550,7 +558,7 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 		// them did (share), so the others sleep instead of each sending
 		// one, and its answer was true within each one's call.
 		n, sent, err := c.hot.Do(ctx, key, token)
-		claims := c.plan.read == "" // the statement shared is the claim itself
+		claims := c.plan.hotClaims // the statement shared is the claim itself
 		switch {
 		case claims && sent:
 			return c.claimed(ctx, key, token, losses, n, err)
@@ -573,11 +581,15 @@ func (c *Claimer) claimRow(ctx context.Context, key, token string) error {
 // claimStatement runs the claim's statement, in tx when not nil: its
 // count is 0 for a claim made, 1 for a key held, 2 for no row.
 func (c *Claimer) claimStatement(ctx context.Context, tx sqldb.Tx, key, token string) (int64, error) {
-	args := 2
+	return c.exec(ctx, tx, c.stmts.Load().claim, c.claimArgs(), key, token)
+}
+
+// claimArgs is how many of the claimer's arguments a claim takes.
+func (c *Claimer) claimArgs() int {
 	if c.lease > 0 {
-		args = 3
+		return 3
 	}
-	return c.exec(ctx, tx, c.stmts.Load().claim, args, key, token)
+	return 2
 }
 
 // claimed is the outcome of a claim whose statement answered n, err.
@@ -604,10 +616,10 @@ func (c *Claimer) claimed(ctx context.Context, key, token string, losses *keyrat
 // the claim that sends it; on MySQL a read, which answers readHeld,
 // readFree or readMissing. Its claims prepared the statements first.
 func (c *Claimer) hotStatement(ctx context.Context, key, token string) (int64, error) {
-	if c.plan.read == "" {
-		return c.claimStatement(ctx, nil, key, token)
+	if c.plan.hotClaims {
+		return c.exec(ctx, nil, c.stmts.Load().hot, c.claimArgs(), key, token)
 	}
-	return c.exec(ctx, nil, c.stmts.Load().read, 1, key, "")
+	return c.exec(ctx, nil, c.stmts.Load().hot, 1, key, "")
 }
 
 // mayHaveClaimed reports whether a claim statement that failed with err

@@ -13,8 +13,9 @@ import (
 // they appear, so each statement takes the claimer's arguments (key, token,
 // lease µs) through an order of its own. There is no UPDATE ... RETURNING
 // to tell a win, a lost race and a missing row apart in one round trip, so
-// a claim that matched no row asks whether the row exists (only losers pay
-// it, in a statement of its own; on a hot key a shared read replaces both).
+// the claims of a hot key share a read rather than the claim (below); as on
+// PostgreSQL, any other claim that matched no row asks whether the row
+// exists, in a statement of its own.
 // And the lease is a DATETIME(6) in UTC, against UTC_TIMESTAMP(6): the
 // server's clock, whatever each session's time_zone, read as each statement
 // begins (not as its transaction did, unlike PostgreSQL's now()).
@@ -60,7 +61,7 @@ func mysqlPlan(table, key, owner, lease string) plan {
 	readSQL := fmt.Sprintf("SELECT CAST(2 * (COUNT(*) = 0) + COALESCE(SUM((%s) IS TRUE), 0) AS SIGNED) FROM %s WHERE %s = ?",
 		free, table, key)
 	// The release takes key, token: the order the claimer passes them in.
-	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, read: readSQL,
+	return plan{claim: claimSQL, exists: existsSQL, lockedExists: lockedExistsSQL, hot: readSQL,
 		release: releaseSQL, extend: extendSQL,
 		claimOrder: claimOrder, extendOrder: []int{argLease, argKey, argToken}, won: 1, unsure: 0}
 }
@@ -106,8 +107,8 @@ func (s ordered) QueryRow(ctx context.Context, tx sqldb.Tx, args ...any) sqldb.R
 }
 
 // probedClaim answers a claim in its count (0: claimed, 1: held, 2: no
-// row): claim's own count tells a win (won) and, on PostgreSQL, a row held
-// (any other count); exists asks whether the row is there when claim
+// row): claim's own count tells a win (won) and, for PostgreSQL's claim
+// of a hot key, a row held (any other count); exists asks whether the row is there when claim
 // cannot tell (unsure), in a statement of its own, which sees a row deleted
 // while the claim waited for its lock. On MySQL, a claim in a transaction
 // (the one ctx carries, or the claimer's own: onTx) asks lockedExists
@@ -118,6 +119,8 @@ type probedClaim struct {
 	lockedExists sqldb.Stmt // nil on PostgreSQL, whose claim fails rather than read a stale snapshot
 	onTx         bool
 	won, unsure  int64 // claim's counts
+	// borrowsExists: exists is another probedClaim's, which closes it.
+	borrowsExists bool
 }
 
 func (s probedClaim) Exec(ctx context.Context, tx sqldb.Tx, args ...any) (int64, error) {
@@ -149,7 +152,10 @@ func (s probedClaim) QueryRow(context.Context, sqldb.Tx, ...any) sqldb.Row {
 }
 
 func (s probedClaim) Close() error {
-	err := errors.Join(s.claim.Close(), s.exists.Close())
+	err := s.claim.Close()
+	if !s.borrowsExists {
+		err = errors.Join(err, s.exists.Close())
+	}
 	if s.lockedExists != nil {
 		err = errors.Join(err, s.lockedExists.Close())
 	}

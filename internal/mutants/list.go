@@ -113,6 +113,15 @@ var mutants = []mutant{
 		Breaks: "a claim of a hot key never answers ErrConflict from a statement that began before the claim (the key may have been freed since)",
 	},
 	{
+		Name:   "atomic/claim-postgres-no-probe",
+		File:   "atomic/claim.go",
+		Old:    "won: 1, unsure: 0}",
+		New:    "won: 1, unsure: -1}",
+		Pkg:    "./atomic",
+		Run:    "TestMissingRowIsNotAConflict|TestClaimOfARowDeletedWhileItWaitedIsNotFound",
+		Breaks: "a claim on PostgreSQL that matched no row tells a missing row (ErrNotFound) from a held one (ErrConflict)",
+	},
+	{
 		Name:   "atomic/watched-read-late-write",
 		File:   "internal/txn/txn.go",
 		Old:    "\tif w.abandoned {\n\t\tw.mu.Unlock()\n\t\treturn ErrNoAnswer",
