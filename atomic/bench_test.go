@@ -167,8 +167,10 @@ func updateReturning(impl string, db *sqlx.DB, h contend.DB, returning string) f
 
 // BenchmarkClaimRelease claims a key and releases it again. raw prepares the
 // same two statements by hand: the floor for a claimer, whose statements are
-// fixed at construction. raw-probe is raw whose claim also tells a missing
-// row from a lost race in its one round trip, as the claimer's does: its
+// fixed at construction (a claimer's claim that loses then asks whether the
+// row exists, which raw leaves out). raw-probe is raw whose claim also tells
+// a missing row from a lost race in its one round trip, as the statement
+// that a hot key's claims share does: its
 // claim answers in its count of rows (0 won, 1 lost, 2 no such row, or one
 // free when the statement began: a second statement tells which, and is
 // left out here, since no row of the benchmark goes), at the cost of an
