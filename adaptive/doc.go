@@ -107,15 +107,16 @@
 // their latency. In this module's benchmark suite (go run ./examples/bench:
 // fn waiting 2 ms between its read and its write, 64 workers per process,
 // each process on a pool of 10 connections, 2 cores), with 30% of the calls
-// on one hot key and the rest on 1000 cold ones, this guard served 1.03× the
-// calls of the better fixed guard (the Locker) from one process and 0.93×
-// from three, with a cold p99 1.3–1.5× the Locker's; on keys that turn hot
-// halfway, 0.93×. A reference that knows the hot key in advance and runs it
-// under the Locker, the others optimistic, served 0.95–0.97× in the same
-// runs: a choice per key gains nothing there, and what this guard loses on
-// top is the time it takes to learn that a key turned hot (about 70 ms in
-// one process, 250–350 ms in the slowest of three), while that key's calls
-// retry holding pooled connections.
+// on one hot key and the rest on 1000 cold ones, this guard served 1.00× the
+// calls of the better fixed guard (the Locker) from one process and 0.99×
+// from three, with a cold p99 1.0× the Locker's from one process and 1.6×
+// from three; on keys that turn hot halfway, 0.92×. A reference that knows
+// the hot key in advance and runs it under the Locker, the others
+// optimistic, served 1.02×, 0.96× and 0.94× in the same runs, with a cold
+// p99 of 1.0× and 1.55× the Locker's: a choice per key gains nothing there,
+// and what this guard loses on top is the time it takes to learn that a key
+// turned hot (11–20 ms in one process, 50–115 ms in the slowest of three),
+// while that key's calls retry holding pooled connections.
 // BenchmarkDecrement and BenchmarkThink set this guard beside both fixed
 // guards, and BenchmarkDecrement its locked path beside raw-bump, the same
 // transaction written by hand (bump, read, write, commit).
