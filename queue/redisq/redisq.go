@@ -570,11 +570,20 @@ func (q *Queue) balance(ctx context.Context, wg *sync.WaitGroup, every time.Dura
 }
 
 // leave tells the other instances at once that this one is gone, so they
-// take its share without waiting for its heartbeat to lapse.
+// take its share without waiting for its heartbeat to lapse, and deletes
+// the consumers with nothing pending on every partition's stream, its own
+// among them: a worker's own deletion can fail or be outrun by a late
+// command, and an instance that leaves last leaves no consumer behind. A
+// consumer with entries pending stays for the next owner to reclaim.
 func (q *Queue) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	q.rdb.ZRem(ctx, q.instances(), q.consumer)
+	streams := make([]string, q.cfg.Partitions)
+	for p := range streams {
+		streams[p] = q.stream(p)
+	}
+	_ = q.pruneConsumers(ctx, "", streams...) // the next owner's reclaim prunes too
 }
 
 // Owned returns the partitions this instance consumes now.
@@ -748,7 +757,7 @@ func (q *Queue) reclaim(ctx context.Context, p int, stream string, on func() boo
 			return false
 		}
 		if next == "0-0" {
-			return q.pruneConsumers(ctx, stream) == nil
+			return q.pruneConsumers(ctx, q.consumer, stream) == nil
 		}
 		cursor = next
 	}
@@ -765,23 +774,39 @@ end
 return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
 `)
 
-// pruneConsumers deletes the consumers of stream's group, other than this
-// instance's, that have no pending entry: those of earlier owners, gone or
-// not (an owner that reads again comes back by itself). Each instance's
-// start names a new consumer, and nothing else would delete it.
-func (q *Queue) pruneConsumers(ctx context.Context, stream string) error {
-	consumers, err := q.rdb.XInfoConsumers(ctx, stream, group).Result()
-	if err != nil {
-		return err
+// pruneConsumers deletes the consumers of the streams' group, other than
+// keep, that have no pending entry: those of earlier owners, gone or not
+// (an owner that reads again comes back by itself). Each instance's start
+// names a new consumer, and nothing else would delete it. It asks every
+// stream in one round trip and deletes in a second; a stream that does not
+// exist yet has no consumer to delete.
+func (q *Queue) pruneConsumers(ctx context.Context, keep string, streams ...string) error {
+	asks := q.rdb.Pipeline()
+	infos := make([]*redis.XInfoConsumersCmd, len(streams))
+	for i, stream := range streams {
+		infos[i] = asks.XInfoConsumers(ctx, stream, group)
 	}
-	for _, c := range consumers {
-		if c.Pending == 0 && c.Name != q.consumer {
-			if err := dropConsumer.Run(ctx, q.rdb, []string{stream}, group, c.Name).Err(); err != nil {
-				return err
+	_, _ = asks.Exec(ctx) // each command's error is read below
+	drops := q.rdb.Pipeline()
+	for i, info := range infos {
+		consumers, err := info.Result()
+		switch {
+		case err != nil && strings.HasPrefix(err.Error(), "ERR no such key"), err != nil && strings.HasPrefix(err.Error(), "NOGROUP"):
+			continue
+		case err != nil:
+			return err
+		}
+		for _, c := range consumers {
+			if c.Pending == 0 && c.Name != keep {
+				dropConsumer.Eval(ctx, drops, []string{streams[i]}, group, c.Name)
 			}
 		}
 	}
-	return nil
+	if drops.Len() == 0 {
+		return nil
+	}
+	_, err := drops.Exec(ctx)
+	return err
 }
 
 // A delivery is an entry as this owner delivers it: its job's Attempt is the
