@@ -84,28 +84,35 @@ type locker interface {
 
 type impl struct {
 	name string
-	new  func(rdb *redis.Client, prefix string) (locker, error)
+	// new makes the lock on rdb; opts are the options rdb was made from,
+	// for one that needs a client of its own. (A copy of rdb.Options()
+	// would share what rdb's making set up in them.)
+	new func(rdb *redis.Client, opts *redis.Options, prefix string) (locker, error)
 }
 
 var impls = []impl{
-	{"raw-poll", func(rdb *redis.Client, prefix string) (locker, error) { return rawPoll{rdb, prefix}, nil }},
-	{"raw-fenced", func(rdb *redis.Client, prefix string) (locker, error) { return rawFenced{rawPoll{rdb, prefix}}, nil }},
-	{"bsm/redislock", func(rdb *redis.Client, prefix string) (locker, error) {
+	{"raw-poll", func(rdb *redis.Client, _ *redis.Options, prefix string) (locker, error) {
+		return rawPoll{rdb, prefix}, nil
+	}},
+	{"raw-fenced", func(rdb *redis.Client, _ *redis.Options, prefix string) (locker, error) {
+		return rawFenced{rawPoll{rdb, prefix}}, nil
+	}},
+	{"bsm/redislock", func(rdb *redis.Client, _ *redis.Options, prefix string) (locker, error) {
 		return bsm{redislock.New(rdb), prefix}, nil
 	}},
-	{"redsync", func(rdb *redis.Client, prefix string) (locker, error) {
+	{"redsync", func(rdb *redis.Client, _ *redis.Options, prefix string) (locker, error) {
 		return redsyncLocker{redsync.New(goredis.NewPool(rdb)), prefix}, nil
 	}},
-	{"distlock", func(rdb *redis.Client, prefix string) (locker, error) {
+	{"distlock", func(rdb *redis.Client, _ *redis.Options, prefix string) (locker, error) {
 		c, err := distlock.NewClient(rdb, distlock.Config{Prefix: prefix})
 		return distlockLocker{c: c}, err
 	}},
 	// distlock on a go-redis client that ends calls by their ctx's
 	// deadline itself: its calls stay on the caller's goroutine.
-	{"distlock-ctxtimeout", func(rdb *redis.Client, prefix string) (locker, error) {
-		opts := *rdb.Options()
-		opts.ContextTimeoutEnabled = true
-		own := redis.NewClient(&opts)
+	{"distlock-ctxtimeout", func(_ *redis.Client, opts *redis.Options, prefix string) (locker, error) {
+		o := *opts
+		o.ContextTimeoutEnabled = true
+		own := redis.NewClient(&o)
 		c, err := distlock.NewClient(own, distlock.Config{Prefix: prefix})
 		if err != nil {
 			own.Close()
@@ -166,7 +173,7 @@ func measure(ctx context.Context, opts *redis.Options, im impl, workload string,
 	defer rdb.Close()
 	prefix := testserver.RandomName("contend:lockbench:") + ":"
 	defer func() { err = errors.Join(err, testserver.DeletePrefix(context.WithoutCancel(ctx), rdb, prefix)) }()
-	l, err := im.new(rdb, prefix)
+	l, err := im.new(rdb, opts, prefix)
 	if err != nil {
 		return r, err
 	}
