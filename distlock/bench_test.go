@@ -135,9 +135,10 @@ func fencedLocker(rdb *redis.Client, prefix string, release func(ctx context.Con
 // ctxTimeoutLocker is distlockLocker on a client that honours ctx
 // deadlines.
 func ctxTimeoutLocker(b *testing.B, rdb *redis.Client, prefix string) locker {
-	opts := *rdb.Options()
+	opts := testserver.RedisOptions(b)
+	opts.Addr = rdb.Options().Addr
 	opts.ContextTimeoutEnabled = true
-	honouring := redis.NewClient(&opts)
+	honouring := redis.NewClient(opts)
 	b.Cleanup(func() { honouring.Close() })
 	return distlockLocker(b, honouring, prefix)
 }

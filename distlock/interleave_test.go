@@ -105,7 +105,7 @@ func arg(argv []any, i int, v string) bool { return len(argv) > i && fmt.Sprint(
 // hooked returns a client of its own on rdb's server, with hooks.
 func hooked(t *testing.T, rdb *redis.Client, cfg distlock.Config, hooks ...redis.Hook) *distlock.Client {
 	t.Helper()
-	hc := redis.NewClient(rdb.Options())
+	hc := redis.NewClient(testserver.RedisOptions(t))
 	t.Cleanup(func() { _ = hc.Close() })
 	for _, h := range hooks {
 		hc.AddHook(h)
@@ -268,7 +268,7 @@ func TestResentBatchOfCallersWhoLeftIsCleanedUp(t *testing.T) {
 	block := newStall(distlock.TakeScript, func([]any) bool { return blocked.Add(1) <= 2 })
 	close(block.answer)
 	again := &resend{again: make(chan struct{}), sent: make(chan struct{})}
-	opts := rdb.Options()
+	opts := testserver.RedisOptions(t)
 	opts.PoolSize = 2
 	hc := redis.NewClient(opts)
 	t.Cleanup(func() { _ = hc.Close() })

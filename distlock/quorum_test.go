@@ -213,8 +213,8 @@ func (tw twice) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // unlock finds its own work.
 func TestQuorumScriptsSentTwiceAnswerTheSame(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testserver.Redis(t)
-	node := redis.NewClient(rdb.Options())
+	_, prefix := testserver.Redis(t)
+	node := redis.NewClient(testserver.RedisOptions(t))
 	t.Cleanup(func() { _ = node.Close() })
 	all := func([]any) bool { return true }
 	node.AddHook(twice{newStall(distlock.QuorumLockScript, all)})
@@ -232,8 +232,8 @@ func TestQuorumScriptsSentTwiceAnswerTheSame(t *testing.T) {
 // every call until the stuck one times out.
 func TestQuorumNodeAnswersBesideAStuckCall(t *testing.T) {
 	t.Parallel()
-	rdb, prefix := testserver.Redis(t)
-	node := redis.NewClient(rdb.Options())
+	_, prefix := testserver.Redis(t)
+	node := redis.NewClient(testserver.RedisOptions(t))
 	t.Cleanup(func() { _ = node.Close() })
 	stuck := newStall(distlock.QuorumLockScript, func(argv []any) bool { return arg(argv, 1, "61000") })
 	node.AddHook(stuck)

@@ -298,19 +298,11 @@ func DB(t testing.TB, driver string) *sqlx.DB {
 // they touch under the prefix.
 func Redis(t testing.TB) (*redis.Client, string) {
 	t.Helper()
-	u, err := RedisURL()
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts, err := redis.ParseURL(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := redis.NewClient(opts)
+	client := redis.NewClient(RedisOptions(t))
 	prefix := RandomName("contend:test:") + ":"
 	if err := client.Ping(context.Background()).Err(); err != nil {
 		client.Close()
-		t.Fatalf("testserver: redis at %s: %v", u, err)
+		t.Fatalf("testserver: redis at %s: %v", client.Options().Addr, err)
 	}
 	t.Cleanup(func() {
 		if err := DeletePrefix(context.Background(), client, prefix); err != nil {
@@ -319,6 +311,23 @@ func Redis(t testing.TB) (*redis.Client, string) {
 		client.Close()
 	})
 	return client, prefix
+}
+
+// RedisOptions returns new options for a client of the test server, for a
+// test that wants a client of its own beside Redis's: a copy of a made
+// client's Options() shares what its making set up in them (go-redis
+// then logs that it cannot register its push handlers again).
+func RedisOptions(t testing.TB) *redis.Options {
+	t.Helper()
+	u, err := RedisURL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := redis.ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opts
 }
 
 // DeletePrefix deletes every key under prefix.
