@@ -74,7 +74,9 @@
 //     the streams by hand when a queue is retired.
 //   - Inside that group, one consumer per instance that held the partition:
 //     deleted when the instance gives the partition up with nothing
-//     pending, else by the next owner once it has claimed its entries.
+//     pending, else by the next owner once it has claimed its entries;
+//     and an instance whose Run ends deletes every consumer left with
+//     nothing pending, on every partition.
 //   - Prefix + "{p}:dead", partition p's dead letters, an entry each with
 //     the fields key, payload, id (the job's entry in the partition's
 //     stream), attempts and error: kept for people to work through
