@@ -127,10 +127,16 @@ func Scratch(setup string) (*sqlx.DB, func()) {
 // Parallel runs op b.N times from workers goroutines: a plain loop for one,
 // else RunParallel with parallelism ⌈workers / GOMAXPROCS⌉ (so workers is
 // rounded up to a multiple of GOMAXPROCS).
+//
+// The plain loop counts to b.N rather than use b.Loop: callers size their
+// records by b.N before calling (a latency per operation), and under b.Loop
+// b.N is not the number of operations until the loop has ended, so a
+// percentile of a single worker's latencies would be its first call's.
 func Parallel(b *testing.B, workers int, op func(ctx context.Context) error) {
 	ctx := context.Background()
+	b.ResetTimer()
 	if workers <= 1 {
-		for b.Loop() {
+		for range b.N {
 			if err := op(ctx); err != nil {
 				b.Fatal(err)
 			}
@@ -139,7 +145,6 @@ func Parallel(b *testing.B, workers int, op func(ctx context.Context) error) {
 	}
 	procs := runtime.GOMAXPROCS(0)
 	b.SetParallelism((workers + procs - 1) / procs)
-	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			if err := op(ctx); err != nil {
